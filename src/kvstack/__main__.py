@@ -1,0 +1,3 @@
+from kvstack.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""``kvstack bench <name>``: each benchmark is a module exposing ``run(argv) -> int``."""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["run"]
+
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "kv": ("kvstack.bench.kv", "KV tier store/retrieve throughput against memcpy and raw file I/O"),
+    "serve": ("kvstack.bench.serve", "load generator against an OpenAI endpoint"),
+    "compare": ("kvstack.bench.compare", "fleet + front ends side by side, table and plots"),
+    "vllm": ("kvstack.bench.vllm", "TTFT with the kvstack connector on a real vLLM engine"),
+    "router": ("kvstack.bench.router", "router-added latency and throughput"),
+    "index": ("kvstack.bench.index", "prefix index and cluster index lookup speed"),
+}
+
+
+def run(command: str, argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHMARKS:
+        width = max(map(len, BENCHMARKS))
+        print("usage: kvstack bench <name> [options]\n\nbenchmarks:")
+        for name, (_, help_) in BENCHMARKS.items():
+            print(f"  {name:<{width}}  {help_}")
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    module = importlib.import_module(BENCHMARKS[argv[0]][0])
+    result: int = module.run(argv[1:])
+    return result

@@ -1,0 +1,119 @@
+"""The kvstack exception hierarchy.
+
+::
+
+    KVStackError
+     ├── ConfigError (ValueError)         a bad value; names the key and the allowed range
+     ├── MissingExtraError (ImportError)  an optional dependency is missing; names the extra
+     ├── KVError
+     │    ├── ChunkFormatError            a stored chunk is truncated, corrupt or foreign
+     │    └── TierError                   a tier I/O failure (the cache degrades it to a miss)
+     ├── RouterError
+     │    ├── NoBackendError              no backend can serve the request
+     │    └── UpstreamError               a backend failed before the first byte
+     ├── LoRAError
+     │    ├── RegistryError               unknown adapter or version, invalid registry state
+     │    ├── VerificationError           an artifact failed a check; ``reason`` says which
+     │    └── ColdStartError              an adapter cannot be made hot within the request's budget
+     └── StackError                       a stack component failed to start or stop
+
+A cache miss is never an exception: lookups return a count, and a failing optional tier is
+logged, counted and treated as a miss by :class:`kvstack.kv.KVCache`.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChunkFormatError",
+    "ColdStartError",
+    "ConfigError",
+    "KVError",
+    "KVStackError",
+    "LoRAError",
+    "MissingExtraError",
+    "NoBackendError",
+    "RegistryError",
+    "RouterError",
+    "StackError",
+    "TierError",
+    "UpstreamError",
+    "VerificationError",
+    "require",
+]
+
+
+class KVStackError(Exception):
+    """Base of every error kvstack raises on purpose."""
+
+
+class ConfigError(KVStackError, ValueError):
+    """A configuration value is missing, unknown or out of range."""
+
+
+class MissingExtraError(KVStackError, ImportError):
+    """An optional dependency is missing; the message names the extra to install."""
+
+
+class KVError(KVStackError):
+    """Errors of the KV cache layer."""
+
+
+class ChunkFormatError(KVError):
+    """A stored chunk failed its header or checksum verification."""
+
+
+class TierError(KVError):
+    """A tier failed an operation; the tiered cache turns it into a miss."""
+
+
+class RouterError(KVStackError):
+    """Errors of the router."""
+
+
+class NoBackendError(RouterError):
+    """No backend is able to serve the request."""
+
+
+class UpstreamError(RouterError):
+    """A backend failed before the first byte of its answer."""
+
+
+class LoRAError(KVStackError):
+    """Errors of the LoRA adapter control plane."""
+
+
+class RegistryError(LoRAError):
+    """An adapter or version is unknown, or a registry operation is invalid."""
+
+
+class VerificationError(LoRAError):
+    """An adapter artifact failed verification."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class ColdStartError(LoRAError):
+    """An adapter cannot be made hot within the request's cold-start budget."""
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class StackError(KVStackError):
+    """A component of ``kvstack up`` failed to start, become healthy or stop."""
+
+
+def require(module: str, extra: str) -> object:
+    """Import ``module``, or raise :class:`MissingExtraError` naming the extra to install."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"{module!r} is not installed; install it with: pip install 'kvstack[{extra}]'"
+        ) from exc

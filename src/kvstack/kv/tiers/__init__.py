@@ -1,0 +1,34 @@
+"""Tiers by URL scheme. A new tier is one module plus one ``TIERS.register`` line here.
+
+``make_tier("cpu://?size=8GiB")``, ``make_tier("file:///var/kv?size=100GiB")``; remote tiers
+(``redis://``, ``rediss://``, ``s3://``, ``peer://``) import their client libraries only when used.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL, parse_tier_url
+from kvstack.registry import Registry
+
+__all__ = ["TIERS", "Tier", "TierEvent", "TierStats", "TierURL", "make_tier", "parse_tier_url"]
+
+
+class TierFactory(Protocol):
+    def from_url(self, url: TierURL, name: str = ...) -> Tier: ...
+
+
+TIERS: Registry[TierFactory] = Registry("tier scheme")
+TIERS.register("cpu", "kvstack.kv.tiers.cpu:CPUTier")
+TIERS.register("file", "kvstack.kv.tiers.file:FileTier")
+TIERS.register("redis", "kvstack.kv.tiers.redis:RedisTier")
+TIERS.register("rediss", "kvstack.kv.tiers.redis:RedisTier")
+TIERS.register("s3", "kvstack.kv.tiers.s3:S3Tier")
+TIERS.register("peer", "kvstack.kv.tiers.peer:PeerTier")
+
+
+def make_tier(url: str, name: str | None = None) -> Tier:
+    """Build a tier from its URL; unknown schemes and parameters raise ConfigError."""
+    parsed = parse_tier_url(url)
+    factory = TIERS.get(parsed.scheme)
+    return factory.from_url(parsed, name=name or parsed.scheme)

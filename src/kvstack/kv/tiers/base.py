@@ -1,0 +1,178 @@
+"""The Tier interface: one storage level of the KV cache, named by a URL.
+
+A tier maps a :data:`~kvstack.kv.keys.ChunkKey` to one chunk: a contiguous torch tensor
+(usually ``[num_layers, 2, chunk_tokens, num_kv_heads, head_dim]``). Tiers know nothing of
+tokens, prefixes or other tiers; :class:`kvstack.kv.KVCache` composes them.
+
+Contract, for every implementation:
+
+- a miss is a return value (``False`` / ``None``), never an exception; a chunk that fails
+  verification is a miss and is removed;
+- ``put`` may keep a reference to ``chunk`` until it is written (background I/O): callers must
+  not modify it afterwards, unless the tier sets ``put_copies = True`` (it copies synchronously);
+- ``get_into`` fills a caller-provided tensor of the chunk's exact dtype and shape (it may be a
+  strided view) and returns ``False`` when the chunk is absent or does not match; after
+  ``False`` the contents of ``out`` are undefined;
+- I/O failures of optional remote tiers may raise :class:`~kvstack.errors.TierError` or any
+  ``OSError``; the cache counts them and treats them as misses;
+- all methods are thread-safe.
+
+Tiers report stored and removed keys to listeners (``add_listener``): the cache demotes evicted
+chunks to the next tier and forwards events to vLLM's KV event stream and the index service.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
+from urllib.parse import parse_qsl, urlsplit
+
+from kvstack.errors import ConfigError
+from kvstack.kv.keys import ChunkKey
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["Tier", "TierEvent", "TierStats", "TierURL", "parse_tier_url"]
+
+
+class TierEvent(NamedTuple):
+    kind: Literal["stored", "removed"]
+    tier: str
+    key: ChunkKey
+    # For evictions, the evicted chunk when the tier can still offer it (for demotion); a
+    # listener may keep it, and the tier does not reuse its memory while it is referenced.
+    chunk: torch.Tensor | None = None
+    reason: str = ""  # for removals: "evicted", "corrupt", "removed"
+
+
+Listener = Callable[[TierEvent], None]
+
+
+@dataclass
+class TierStats:
+    name: str
+    entries: int = 0
+    bytes_used: int = 0
+    capacity_bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    evictions: int = 0
+    corrupt: int = 0
+    dropped_writes: int = 0
+    errors: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TierURL:
+    url: str
+    scheme: str
+    netloc: str
+    path: str
+    params: dict[str, str]
+
+    def pop(self, name: str, default: str | None = None) -> str | None:
+        return self.params.pop(name, default)
+
+    def reject_unknown(self) -> None:
+        """Raise ConfigError if parameters remain that the tier did not consume."""
+        if self.params:
+            raise ConfigError(
+                f"unknown parameter(s) {', '.join(sorted(self.params))} in tier URL {self.url!r}"
+            )
+
+
+def parse_tier_url(url: str) -> TierURL:
+    parts = urlsplit(url)
+    if not parts.scheme:
+        raise ConfigError(f"tier URL {url!r} has no scheme; use e.g. cpu://?size=1GiB")
+    params: dict[str, str] = {}
+    for name, value in parse_qsl(parts.query, keep_blank_values=True):
+        if name in params:
+            raise ConfigError(f"parameter {name!r} given twice in tier URL {url!r}")
+        params[name] = value
+    return TierURL(url, parts.scheme.lower(), parts.netloc, parts.path, params)
+
+
+class Tier(ABC):
+    """One storage level. Subclasses register their URL scheme in ``kvstack.kv.tiers``."""
+
+    scheme: ClassVar[str]
+    put_copies: ClassVar[bool] = False
+    # True when several processes or machines see the same data (file on shared storage,
+    # redis, s3, peers); the router credits such hits to every backend.
+    shared: ClassVar[bool] = False
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._listeners: list[Listener] = []
+        self._listeners_lock = threading.Lock()
+
+    # -- single-key operations -------------------------------------------------------------
+    @abstractmethod
+    def contains(self, key: ChunkKey) -> bool:
+        """Whether the chunk is stored (a cheap check; ``get`` may still miss)."""
+
+    @abstractmethod
+    def get(self, key: ChunkKey) -> torch.Tensor | None:
+        """The chunk as a tensor the caller must not modify, or None on a miss."""
+
+    @abstractmethod
+    def get_into(self, key: ChunkKey, out: torch.Tensor) -> bool:
+        """Copy the chunk into ``out`` (contiguous, same dtype and shape); False on a miss."""
+
+    @abstractmethod
+    def put(self, key: ChunkKey, chunk: torch.Tensor) -> bool:
+        """Store the chunk (no-op if present); False if it was not accepted (full, failed)."""
+
+    @abstractmethod
+    def remove(self, key: ChunkKey) -> bool:
+        """Remove the chunk; False if it was not there."""
+
+    @abstractmethod
+    def stats(self) -> TierStats: ...
+
+    def borrow(self, key: ChunkKey) -> torch.Tensor | None:
+        """The stored chunk without a copy, for tiers that hold chunks in memory (else None).
+
+        Not counted as a hit. The tier keeps the memory alive while the returned tensor object
+        lives; the caller must not modify it. Used to hand one copy to several tiers."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Finish background work and release resources. Idempotent."""
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until queued background writes are done; False on timeout."""
+        return True
+
+    def check_integrity(self) -> None:  # noqa: B027 - optional hook
+        """Raise AssertionError if internal bookkeeping is inconsistent."""
+
+    # -- batched forms; remote tiers override them with pipelined implementations ----------
+    def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        return [self.contains(k) for k in keys]
+
+    def get_many_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
+
+    def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> list[bool]:
+        return [self.put(k, c) for k, c in zip(keys, chunks, strict=True)]
+
+    # -- events ----------------------------------------------------------------------------
+    def add_listener(self, listener: Listener) -> None:
+        with self._listeners_lock:
+            self._listeners.append(listener)
+
+    def _emit(self, event: TierEvent) -> None:
+        for listener in list(self._listeners):
+            listener(event)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
