@@ -10,16 +10,18 @@ returning None tells the caller to evict and try again.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from kvstack.kv.tensors import torch
 
-__all__ = ["Arena"]
+__all__ = ["Arena", "extent_bytes"]
 
 ALIGN = 64
 
 
-def _aligned(num_bytes: int) -> int:
-    return (num_bytes + ALIGN - 1) // ALIGN * ALIGN
+def extent_bytes(num_bytes: int) -> int:
+    """Bytes an extent of ``num_bytes`` occupies: aligned, and never zero (empty chunks too)."""
+    return max((num_bytes + ALIGN - 1) // ALIGN * ALIGN, ALIGN)
 
 
 class Arena:
@@ -29,13 +31,14 @@ class Arena:
         self.capacity_bytes = capacity_bytes - capacity_bytes % ALIGN
         self._pin_memory = pin_memory
         self._buffer: torch.Tensor | None = None  # allocated on first use
+        self._array: Any = None  # numpy view of the buffer, for extents with their own storage
         self._bump = 0  # everything at or above this offset is untouched and free
         self._free_by_size: defaultdict[int, list[int]] = defaultdict(list)
         self.free_bytes = self.capacity_bytes
 
     def alloc(self, num_bytes: int) -> int | None:
         """Offset of a new extent of ``num_bytes`` (rounded up), or None if none fits."""
-        size = _aligned(num_bytes)
+        size = extent_bytes(num_bytes)
         bucket = self._free_by_size.get(size)
         if bucket:
             offset = bucket.pop()
@@ -50,16 +53,34 @@ class Arena:
         return offset
 
     def free(self, offset: int, num_bytes: int) -> None:
-        size = _aligned(num_bytes)
+        size = extent_bytes(num_bytes)
         self._free_by_size[size].append(offset)
         self.free_bytes += size
 
     def view(self, offset: int, num_bytes: int) -> torch.Tensor:
+        """A uint8 tensor over the extent, sharing the arena's storage."""
+        return self._ensure()[offset : offset + num_bytes]
+
+    def owned_view(self, offset: int, num_bytes: int) -> tuple[torch.Tensor, Any]:
+        """A uint8 tensor over the extent with a storage of its own, and the object that storage
+        keeps alive. Every view of the tensor keeps that object alive, so a weakref finalizer on
+        it fires only when the last view is gone (the lease pattern of the CPU tier)."""
+        self._ensure()
+        holder = self._array[offset : offset + num_bytes]
+        return torch.from_numpy(holder), holder
+
+    def release(self) -> None:
+        """Drop the arena's reference to its memory (extents still viewed stay alive)."""
+        self._buffer = None
+        self._array = None
+
+    def _ensure(self) -> torch.Tensor:
         if self._buffer is None:
             self._buffer = torch.empty(
                 self.capacity_bytes, dtype=torch.uint8, pin_memory=self._pin_memory
             )
-        return self._buffer[offset : offset + num_bytes]
+            self._array = self._buffer.numpy()
+        return self._buffer
 
     def _coalesce_and_fit(self, size: int) -> int | None:
         extents = sorted((o, s) for s, offs in self._free_by_size.items() for o in offs)

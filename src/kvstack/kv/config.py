@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from kvstack.kv.format import DTYPES
 from kvstack.section import Section
 
 __all__ = ["KVConfig", "ModelShape"]
@@ -45,6 +46,11 @@ class KVConfig(Section):
         description="write-through: stores go to every tier; write-back: to the first tier, "
         "reaching the next one when evicted",
     )
+    write_tiers: list[str] | None = Field(
+        default=None,
+        description="names of the tiers that receive stores (scheme, or scheme plus position "
+        "when repeated, e.g. ['cpu', 'file']); overrides write_policy; None: by write_policy",
+    )
     promote_on_hit: bool = Field(
         default=True, description="copy hits in slow tiers into faster tiers"
     )
@@ -52,7 +58,9 @@ class KVConfig(Section):
         default=1, ge=1, description="store a chunk only once it was requested this many times"
     )
     kv_dtype: str | None = Field(
-        default=None, description="KV dtype, e.g. bfloat16; part of the key namespace; None: auto"
+        default=None,
+        description="KV dtype, e.g. bfloat16; part of the key namespace; None: any (fixed by "
+        "the first store)",
     )
     model_shape: ModelShape | None = Field(
         default=None, description="expected KV shape; None: fixed by the first store"
@@ -64,3 +72,31 @@ class KVConfig(Section):
         default=1, ge=1, description="tensor-parallel size (part of the namespace)"
     )
     layout_version: int = Field(default=1, ge=1, description="bump when the chunk layout changes")
+
+    @field_validator("kv_dtype")
+    @classmethod
+    def _known_dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in DTYPES:
+            raise ValueError(f"unsupported KV dtype {value!r}; supported: {', '.join(DTYPES)}")
+        return value
+
+    @field_validator("tiers")
+    @classmethod
+    def _known_schemes(cls, urls: list[str]) -> list[str]:
+        from kvstack.kv.tiers import TIERS, parse_tier_url
+
+        if not urls:
+            raise ValueError("at least one tier URL is needed, e.g. cpu://?size=1GiB")
+        for url in urls:
+            scheme = parse_tier_url(url).scheme
+            if scheme not in TIERS:
+                raise ValueError(
+                    f"unknown tier scheme {scheme!r} in {url!r}; known: {', '.join(TIERS.names())}"
+                )
+        return urls
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> KVConfig:
+        if self.tp_rank >= self.tp_size:
+            raise ValueError(f"tp_rank {self.tp_rank} is out of range [0, tp_size={self.tp_size})")
+        return self

@@ -59,6 +59,9 @@ DTYPES: dict[str, int] = {
     "int8": 6,
     "uint8": 7,
     "float64": 8,
+    "int16": 9,
+    "int32": 10,
+    "int64": 11,
 }
 _DTYPE_NAMES = {code: name for name, code in DTYPES.items()}
 COMPRESSIONS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
@@ -154,7 +157,7 @@ def compress(data: memoryview, compression: str, level: int = 1) -> bytes | memo
     raise ValueError(f"unknown compression {compression!r}; known: {', '.join(COMPRESSIONS)}")
 
 
-def decompress(data: bytes | memoryview, compression: str, raw_bytes: int) -> bytes:
+def decompress(data: bytes | bytearray | memoryview, compression: str, raw_bytes: int) -> bytes:
     try:
         if compression == "zstd":
             import zstandard

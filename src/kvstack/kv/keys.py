@@ -79,14 +79,19 @@ class Namespace:
 def token_bytes(tokens: Sequence[int] | Any) -> memoryview:
     """Canonical bytes of ``tokens``: unsigned 32-bit little-endian integers.
 
-    Accepts a sequence of ints, a numpy array or a torch tensor of integers. Raises
-    ``ValueError`` naming the problem for non-integers, negatives or values >= 2**32.
+    Accepts a sequence of ints, or a one-dimensional numpy array or torch tensor of integers
+    (converted without a Python-level loop). Raises ``ValueError`` naming the problem for
+    non-integers, negatives, values >= 2**32, ``str``/``bytes`` or arrays of another rank.
     """
-    if hasattr(tokens, "tolist") and not isinstance(tokens, (list, tuple)):
-        kind = str(getattr(tokens, "dtype", ""))
-        if "int" not in kind:
-            raise ValueError(f"token ids must be integers, got an array of dtype {kind}")
-        tokens = tokens.tolist()
+    if isinstance(tokens, (str, bytes, bytearray, memoryview)):
+        raise ValueError(f"token ids must be a sequence of integers, got {type(tokens).__name__}")
+    if hasattr(tokens, "numpy") and hasattr(tokens, "dtype"):  # a torch tensor
+        tensor: Any = tokens
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            raise ValueError(f"token ids must be integers, got a tensor of dtype {tensor.dtype}")
+        tokens = tensor.detach().cpu().numpy()
+    if hasattr(tokens, "dtype") and hasattr(tokens, "ndim"):  # a numpy array
+        return _array_token_bytes(tokens)
     try:
         arr = array.array("I", tokens)
     except TypeError as exc:
@@ -101,10 +106,26 @@ def token_bytes(tokens: Sequence[int] | Any) -> memoryview:
     return memoryview(arr).cast("B")
 
 
+def _array_token_bytes(tokens: Any) -> memoryview:
+    import numpy as np
+
+    if tokens.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be integers, got an array of dtype {tokens.dtype}")
+    if tokens.ndim != 1:
+        raise ValueError(f"token ids must be one-dimensional, got shape {tuple(tokens.shape)}")
+    if tokens.size and (int(tokens.min()) < 0 or int(tokens.max()) >= 2**32):
+        bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
+        raise ValueError(f"token id {bad} is out of range [0, 2**32)")
+    canonical: Any = np.ascontiguousarray(tokens, dtype="<u4")
+    return memoryview(canonical).cast("B")
+
+
 def chunk_spans(num_tokens: int, chunk_size: int, partial: bool = False) -> list[tuple[int, int]]:
     """``[(start, end), ...]`` token spans of the chunks of a ``num_tokens`` prompt."""
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     end_full = num_tokens - num_tokens % chunk_size
     spans = [(s, s + chunk_size) for s in range(0, end_full, chunk_size)]
     if partial and end_full < num_tokens:
@@ -121,6 +142,8 @@ def chunk_keys(
     """Keys of the chunks of ``tokens`` (full chunks; plus the trailing partial one if asked)."""
     raw = token_bytes(tokens)
     prev = namespace.digest() if isinstance(namespace, Namespace) else bytes(namespace)
+    if len(prev) != KEY_BYTES:
+        raise ValueError(f"a namespace digest is {KEY_BYTES} bytes, got {len(prev)}")
     keys: list[ChunkKey] = []
     for start, end in chunk_spans(len(raw) // _TOKEN_BYTES, chunk_size, partial):
         h = hashlib.blake2b(prev, digest_size=KEY_BYTES)

@@ -11,11 +11,19 @@ Contract, for every implementation:
 - ``put`` may keep a reference to ``chunk`` until it is written (background I/O): callers must
   not modify it afterwards, unless the tier sets ``put_copies = True`` (it copies synchronously);
 - ``get_into`` fills a caller-provided tensor of the chunk's exact dtype and shape (it may be a
-  strided view) and returns ``False`` when the chunk is absent or does not match; after
-  ``False`` the contents of ``out`` are undefined;
+  strided view, or on another device) and returns ``False`` when the chunk is absent or does not
+  match; after ``False`` the contents of ``out`` are undefined;
+- ``put`` accepts any tensor (strided, on any device); it returns ``True`` if the chunk is held
+  or queued to be written, ``False`` if it was not accepted (full, queue full, closed);
 - I/O failures of optional remote tiers may raise :class:`~kvstack.errors.TierError` or any
   ``OSError``; the cache counts them and treats them as misses;
 - all methods are thread-safe.
+
+Two-phase puts (optional; in-memory tiers implement them): ``prepare_put(key, dtype, shape)``
+reserves the chunk's memory inside the tier and returns a writable tensor (or ``None``: use
+``put``); the caller fills it and calls ``complete_put(key, ok)``, which publishes the chunk
+(``ok=True``) or releases the memory. Until then the key is neither visible nor evictable. This
+lets the vLLM connector gather paged KV blocks straight into tier memory, with no staging copy.
 
 Tiers report stored and removed keys to listeners (``add_listener``): the cache demotes evicted
 chunks to the next tier and forwards events to vLLM's KV event stream and the index service.
@@ -43,8 +51,9 @@ class TierEvent(NamedTuple):
     kind: Literal["stored", "removed"]
     tier: str
     key: ChunkKey
-    # For evictions, the evicted chunk when the tier can still offer it (for demotion); a
-    # listener may keep it, and the tier does not reuse its memory while it is referenced.
+    # For evictions, the evicted chunk when the tier can still offer it (for demotion). Valid
+    # only during the call: a listener copies what it wants to keep, so that the tier gets the
+    # memory back (a tier stops evicting for a put when listeners hold on to evicted chunks).
     chunk: torch.Tensor | None = None
     reason: str = ""  # for removals: "evicted", "corrupt", "removed"
 
@@ -125,7 +134,7 @@ class Tier(ABC):
 
     @abstractmethod
     def get_into(self, key: ChunkKey, out: torch.Tensor) -> bool:
-        """Copy the chunk into ``out`` (contiguous, same dtype and shape); False on a miss."""
+        """Copy the chunk into ``out`` (same dtype and shape); False on a miss or mismatch."""
 
     @abstractmethod
     def put(self, key: ChunkKey, chunk: torch.Tensor) -> bool:
@@ -144,6 +153,18 @@ class Tier(ABC):
         Not counted as a hit. The tier keeps the memory alive while the returned tensor object
         lives; the caller must not modify it. Used to hand one copy to several tiers."""
         return None
+
+    def prepare_put(
+        self, key: ChunkKey, dtype: torch.dtype, shape: tuple[int, ...]
+    ) -> torch.Tensor | None:
+        """A writable tensor in tier memory for the chunk, to be filled and then passed to
+        :meth:`complete_put`; None if the tier does not support two-phase puts, already holds
+        or is preparing the key, or has no room."""
+        return None
+
+    def complete_put(self, key: ChunkKey, ok: bool) -> bool:
+        """Publish (``ok``) or abandon a chunk from :meth:`prepare_put`; True if now stored."""
+        return False
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Finish background work and release resources. Idempotent."""

@@ -1,7 +1,14 @@
-"""Prometheus metrics of the KV tiers, labelled by tier name."""
+"""Prometheus metrics of the KV tiers, labelled by tier name.
+
+Counters and latency histograms are updated as operations happen; the ``used_bytes`` and
+``entries`` gauges are read from the tier when scraped (the most recently created tier of a
+name reports them, and a garbage-collected tier reports zero).
+"""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Callable
 from dataclasses import replace
 
 from kvstack.kv.tiers.base import TierStats
@@ -33,10 +40,13 @@ _ENTRIES = gauge(
 )
 
 
+Gauges = Callable[[], tuple[int, int]]  # () -> (entries, used bytes)
+
+
 class TierMetrics:
     """Per-tier-instance counters, mirrored into the process-wide Prometheus series."""
 
-    def __init__(self, tier: str) -> None:
+    def __init__(self, tier: str, gauges: Gauges | None = None) -> None:
         self._tier = tier
         self._hits = _HITS.labels(tier)
         self._misses = _MISSES.labels(tier)
@@ -50,20 +60,39 @@ class TierMetrics:
         self.used_bytes = _USED.labels(tier)
         self.entries = _ENTRIES.labels(tier)
         self.stats = TierStats(tier)
+        self._watched = gauges is not None
+        if gauges is not None:
+            self._watch(gauges)
 
-    def hit(self, num_bytes: int) -> None:
+    def _watch(self, gauges: Gauges) -> None:
+        # A bound method is held weakly so that the registry does not keep its tier alive.
+        bound = hasattr(gauges, "__self__")
+        ref: Callable[[], Gauges | None] = weakref.WeakMethod(gauges) if bound else lambda: gauges
+
+        def read(index: int) -> float:
+            fn = ref()
+            return float(fn()[index]) if fn is not None else 0.0
+
+        self.entries.set_function(lambda: read(0))
+        self.used_bytes.set_function(lambda: read(1))
+
+    def hit(self, num_bytes: int, seconds: float | None = None) -> None:
         self.stats.hits += 1
         self.stats.bytes_read += num_bytes
         self._hits.inc()
         self._read.inc(num_bytes)
+        if seconds is not None:
+            self.get_seconds.observe(seconds)
 
     def miss(self) -> None:
         self.stats.misses += 1
         self._misses.inc()
 
-    def wrote(self, num_bytes: int) -> None:
+    def wrote(self, num_bytes: int, seconds: float | None = None) -> None:
         self.stats.bytes_written += num_bytes
         self._written.inc(num_bytes)
+        if seconds is not None:
+            self.put_seconds.observe(seconds)
 
     def evicted(self) -> None:
         self.stats.evictions += 1
@@ -82,8 +111,11 @@ class TierMetrics:
         _ERRORS.labels(self._tier, op).inc()
 
     def snapshot(self, entries: int, used: int, capacity: int) -> TierStats:
-        self.used_bytes.set(used)
-        self.entries.set(entries)
+        """A copy of the counters with the given sizes (and the gauges set, for tiers that
+        did not pass a gauge function)."""
+        if not self._watched:
+            self.used_bytes.set(used)
+            self.entries.set(entries)
         s = self.stats
         return replace(
             s, entries=entries, bytes_used=used, capacity_bytes=capacity, extra=dict(s.extra)

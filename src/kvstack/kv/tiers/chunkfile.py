@@ -1,0 +1,205 @@
+"""Chunk files on disk: atomic writes, verified reads, directory scans (used by ``file://``).
+
+A chunk lives in ``<root>/<first two hex digits of the key>/<key hex>.kvc`` in the format of
+:mod:`kvstack.kv.format`. Writers fill ``<root>/.tmp/<key hex>.<pid>.<random>.tmp`` and rename
+it into place (after ``fsync`` if asked), so no reader and no crash ever sees a partial file
+under a final name. Readers check the header, the file size and the payload checksum before
+they return True; a mismatch raises :class:`~kvstack.errors.ChunkFormatError`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import xxhash
+
+from kvstack.errors import ChunkFormatError
+from kvstack.kv.format import HEADER_BYTES, ChunkHeader, decompress, parse_header
+from kvstack.kv.keys import KEY_BYTES, ChunkKey
+
+__all__ = [
+    "SUFFIX",
+    "TMP_DIR",
+    "FoundChunk",
+    "check_chunk_file",
+    "chunk_path",
+    "clean_tmp",
+    "key_from_name",
+    "read_header",
+    "read_payload_into",
+    "scan_chunks",
+    "temp_path",
+    "write_chunk_file",
+]
+
+SUFFIX = ".kvc"
+TMP_DIR = ".tmp"
+STALE_TMP_S = 3600.0
+# Hash each block right after reading it, while it is still in cache: one pass over memory.
+READ_BLOCK_BYTES = 1 << 20
+
+
+class FoundChunk(NamedTuple):
+    key: ChunkKey
+    size: int
+    mtime: float
+
+
+def chunk_path(root: Path, key: ChunkKey) -> Path:
+    hexkey = key.hex()
+    return root / hexkey[:2] / f"{hexkey}{SUFFIX}"
+
+
+def temp_path(root: Path, key: ChunkKey) -> Path:
+    return root / TMP_DIR / f"{key.hex()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+
+
+def write_chunk_file(
+    final: Path, tmp: Path, header: bytes, payload: memoryview | bytes, *, fsync: bool
+) -> None:
+    """Write ``header + payload`` to ``tmp`` and rename it to ``final``; raises OSError (the
+    temporary file is removed on failure)."""
+    try:
+        final.parent.mkdir(exist_ok=True)
+        with open(tmp, "wb", buffering=0) as f:
+            _write_all(f, header)
+            _write_all(f, payload)
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_header(f: io.RawIOBase, key: ChunkKey) -> ChunkHeader:
+    """Read and verify the header, and that the file holds exactly header + payload."""
+    header = parse_header(f.read(HEADER_BYTES) or b"", expect_key=key)
+    size = os.fstat(f.fileno()).st_size
+    if size != HEADER_BYTES + header.stored_bytes:
+        raise ChunkFormatError(
+            f"chunk file is {size} bytes, header says {HEADER_BYTES + header.stored_bytes}"
+        )
+    if header.compression == "none" and header.stored_bytes != header.raw_bytes:
+        raise ChunkFormatError("uncompressed chunk with stored != raw length")
+    return header
+
+
+def read_payload_into(f: io.RawIOBase, header: ChunkHeader, raw: memoryview) -> None:
+    """Read the payload after the header into ``raw`` (exactly ``header.raw_bytes`` long),
+    verifying its checksum (and decompressing); raises ChunkFormatError."""
+    if len(raw) != header.raw_bytes:
+        raise ChunkFormatError(f"payload is {header.raw_bytes} bytes, expected {len(raw)}")
+    if header.compression == "none":
+        if _read_and_hash(f, raw) != header.checksum:
+            raise ChunkFormatError("payload checksum mismatch")
+        return
+    stored = bytearray(header.stored_bytes)
+    if _read_and_hash(f, memoryview(stored)) != header.checksum:
+        raise ChunkFormatError("compressed payload checksum mismatch")
+    raw[:] = decompress(stored, header.compression, header.raw_bytes)
+
+
+def _read_and_hash(f: io.RawIOBase, buf: memoryview) -> int:
+    hasher = xxhash.xxh3_64()
+    got = 0
+    while got < len(buf):
+        block = buf[got : got + READ_BLOCK_BYTES]
+        n = _read_exact_into(f, block)
+        hasher.update(block[:n])
+        got += n
+        if n < len(block):
+            raise ChunkFormatError(f"truncated payload: {got} of {len(buf)} bytes")
+    return hasher.intdigest()
+
+
+def check_chunk_file(path: str, key: ChunkKey) -> int:
+    """The size of a chunk file whose header and length are right; raises ChunkFormatError."""
+    with open(path, "rb", buffering=0) as f:
+        read_header(f, key)
+        return os.fstat(f.fileno()).st_size
+
+
+def scan_chunks(root: Path) -> tuple[list[FoundChunk], list[str]]:
+    """Chunk files under ``root`` (oldest first) and paths of other files in chunk dirs."""
+    found: list[FoundChunk] = []
+    foreign: list[str] = []
+    for sub in os.scandir(root):
+        if not sub.is_dir() or len(sub.name) != 2:
+            continue
+        for entry in os.scandir(sub.path):
+            key = key_from_name(entry.name)
+            if key is None or not entry.name.startswith(sub.name):
+                foreign.append(entry.path)
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            found.append(FoundChunk(key, st.st_size, st.st_mtime))
+    found.sort(key=lambda c: c.mtime)
+    return found, foreign
+
+
+def clean_tmp(tmp_dir: Path) -> int:
+    """Remove temporary files of crashed writers (dead PID, or older than an hour)."""
+    removed = 0
+    now = time.time()
+    for entry in os.scandir(tmp_dir):
+        parts = entry.name.split(".")
+        pid = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
+        try:
+            if now - entry.stat().st_mtime > STALE_TMP_S or not _pid_alive(pid):
+                os.unlink(entry.path)
+                removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def key_from_name(name: str) -> ChunkKey | None:
+    if not name.endswith(SUFFIX) or len(name) != 2 * KEY_BYTES + len(SUFFIX):
+        return None
+    try:
+        return ChunkKey(bytes.fromhex(name[: 2 * KEY_BYTES]))
+    except ValueError:
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _read_exact_into(f: io.RawIOBase, buf: memoryview) -> int:
+    got = 0
+    while got < len(buf):
+        n = f.readinto(buf[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _write_all(f: io.RawIOBase, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = f.write(view) or 0
+        view = view[n:]
