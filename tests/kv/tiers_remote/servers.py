@@ -1,0 +1,145 @@
+"""Real servers for the remote tier tests: redis-server (standalone, TLS, a 3-node cluster) and
+moto's S3 server, each on free loopback ports, started and stopped by the tests themselves."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.conftest import free_port
+
+REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
+REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 < 65536 and _is_free(port + 10000):
+            return port
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _ping(port: int, password: str | None = None) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+            if password:
+                s.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(password), password.encode()))
+                s.recv(64)
+            s.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """One redis-server process (no persistence) in its own process group."""
+
+    def __init__(self, workdir: Path, port: int | None = None, *extra: str) -> None:
+        self.port = free_port() if port is None else port
+        self.workdir = workdir
+        self.extra = list(extra)
+        self.password: str | None = None
+        if "--requirepass" in self.extra:
+            self.password = self.extra[self.extra.index("--requirepass") + 1]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, ready_port: int | None = None) -> RedisServer:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        argv = [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--dir", str(self.workdir), *self.extra]  # fmt: skip
+        log = open(self.workdir / f"redis-{self.port}.log", "ab")  # noqa: SIM115
+        with log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        if ready_port != 0:
+            self._wait_ready(ready_port or self.port)
+        return self
+
+    def _wait_ready(self, port: int) -> None:
+        deadline = time.monotonic() + 10
+        while not _ping(port, self.password):
+            assert self.proc is not None and self.proc.poll() is None, "redis-server exited"
+            assert time.monotonic() < deadline, f"redis-server on {port} not ready"
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
+    def cli(self, *args: str) -> str:
+        auth = ["-a", self.password, "--no-auth-warning"] if self.password else []
+        cmd = [REDIS_CLI, "-p", str(self.port), *auth, *args]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30).stdout
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGCONT)
+        self.kill()
+
+
+class RedisCluster:
+    """Three masters on loopback joined with ``redis-cli --cluster create``."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.nodes = [
+            RedisServer(workdir / f"node{i}", free_cluster_port(), "--cluster-enabled", "yes",
+                        "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+            for i in range(3)
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{n.port}" for n in self.nodes)
+        return f"redis://{hosts}/0?cluster=true"
+
+    def start(self) -> RedisCluster:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{n.port}" for n in self.nodes]
+        subprocess.run(
+            [REDIS_CLI, "--cluster", "create", *addresses, "--cluster-replicas", "0",
+             "--cluster-yes"],
+            capture_output=True, check=True, timeout=60,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while "cluster_state:ok" not in self.nodes[0].cli("CLUSTER", "INFO"):
+            assert time.monotonic() < deadline, "redis cluster did not reach state ok"
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
