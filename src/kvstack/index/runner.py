@@ -1,0 +1,61 @@
+"""Run the index app with uvicorn: in the foreground (``kvstack index-server``) or on a thread
+of its own (tests, benchmarks, an all-in-one process)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import uvicorn
+
+from kvstack.errors import StackError
+from kvstack.index.config import IndexServiceConfig
+from kvstack.index.service import build_app
+
+__all__ = ["IndexServerThread", "serve"]
+
+
+def _server(config: IndexServiceConfig) -> uvicorn.Server:
+    uv = uvicorn.Config(
+        build_app(config),
+        host=config.host,
+        port=config.port,
+        log_level="warning",
+        access_log=False,
+        loop="auto",
+        http="auto",
+    )
+    return uvicorn.Server(uv)
+
+
+def serve(config: IndexServiceConfig) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM)."""
+    _server(config).run()
+
+
+class IndexServerThread:
+    def __init__(self, config: IndexServiceConfig) -> None:
+        self.config = config
+        self._server = _server(config)
+        self._thread = threading.Thread(target=self._run, name="kvstack-index", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve())
+
+    def start(self, timeout_s: float = 10.0) -> IndexServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise StackError(f"index server on {self.url} did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
