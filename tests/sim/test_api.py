@@ -1,0 +1,174 @@
+"""The simulator's OpenAI API through the official client, and vLLM's response shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.sim.conftest import FleetFactory
+
+DATA = Path(__file__).parent / "data"
+VLLM = json.loads((DATA / "vllm_http.json").read_text())
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_and_chat_with_the_openai_client(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=50)
+    c = client(fleet.urls[0])
+    out = c.completions.create(model="sim-model", prompt="t20 t21 t22", max_tokens=4)
+    assert out.usage is not None and out.usage.prompt_tokens == 3
+    assert out.usage.completion_tokens == 4 and len(out.choices[0].text.split()) == 4
+    assert out.choices[0].finish_reason == "length"
+    chat = c.chat.completions.create(
+        model="sim-model", messages=[{"role": "user", "content": "hello there"}], max_tokens=2
+    )
+    assert (
+        chat.usage is not None and chat.usage.prompt_tokens == 5
+    )  # <|user|> 2 words <|end|> <|assistant|>
+    assert chat.choices[0].message.role == "assistant"
+
+
+def test_streaming_yields_tokens_and_usage(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=5)
+    c = client(fleet.urls[0])
+    chunks = list(
+        c.chat.completions.create(
+            model="sim-model",
+            messages=[{"role": "user", "content": "t30 t31"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    texts = [ch.choices[0].delta.content for ch in chunks if ch.choices]
+    assert texts[0] == ""  # the role chunk
+    # One chunk per step, or several tokens per chunk when this client lags (as in vLLM).
+    assert all(texts[1:]) and len("".join(texts).split()) == 5
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+
+
+def test_token_id_prompts_and_the_request_id_header(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=50)
+    r = httpx.post(
+        fleet.urls[0] + "/v1/completions",
+        json={"prompt": [17, 18, 19, 20], "max_tokens": 1},
+        headers={"x-request-id": "req-42"},
+    )
+    assert r.status_code == 200 and r.headers["x-request-id"] == "req-42"
+    body = r.json()
+    assert body["id"] == "cmpl-req-42" and body["usage"]["prompt_tokens"] == 4
+
+
+def test_response_fields_cover_vllms(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=50)
+    url = fleet.urls[0]
+    ours = httpx.post(url + "/v1/completions", json={"prompt": "a b c", "max_tokens": 2}).json()
+    theirs = json.loads(VLLM["completion"]["body"])
+    important = {"id", "object", "created", "model", "choices", "usage"}
+    assert important <= ours.keys() & theirs.keys()
+    assert {"index", "text", "finish_reason"} <= ours["choices"][0].keys()
+    stream = httpx.post(
+        url + "/v1/completions",
+        json={
+            "prompt": "a b",
+            "max_tokens": 2,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+    )
+    assert stream.headers["content-type"].startswith("text/event-stream")
+    lines = [ln for ln in stream.text.split("\n\n") if ln]
+    vllm_lines = [ln for ln in VLLM["completion_stream"]["body"].split("\n\n") if ln]
+    assert lines[-1] == vllm_lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:]).keys() >= {"choices", "usage"}
+    assert json.loads(lines[-2][6:])["choices"] == json.loads(vllm_lines[-2][6:])["choices"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "vllm_case"),
+    [
+        ({"model": "nope", "prompt": "x", "max_tokens": 2}, "bad_model"),
+        ({"prompt": [20] * 5000, "max_tokens": 2}, "too_long"),
+        ({"max_tokens": 2}, "missing_prompt"),
+    ],
+)
+def test_errors_have_vllms_status_type_and_param(
+    sim_fleet: FleetFactory, body: dict[str, object], vllm_case: str
+) -> None:
+    fleet = sim_fleet(time_scale=50, max_model_len=4096)
+    r = httpx.post(fleet.urls[0] + "/v1/completions", json=body)
+    expected = VLLM[vllm_case]
+    assert r.status_code == expected["status"]
+    ours, theirs = r.json()["error"], json.loads(expected["body"])["error"]
+    assert (ours["type"], ours["param"], ours["code"]) == (
+        theirs["type"],
+        theirs["param"],
+        theirs["code"],
+    )
+    if vllm_case == "too_long":
+        assert ours["message"] == theirs["message"].replace("4995", "5000")
+
+
+def test_lora_load_and_unload_follow_vllm(sim_fleet: FleetFactory, tmp_path: Path) -> None:
+    fleet = sim_fleet(time_scale=50, enable_lora=True, lora_load_s=0.05)
+    url = fleet.urls[0]
+    (tmp_path / "a1").mkdir()
+
+    def post(path: str, body: dict[str, object]) -> httpx.Response:
+        return httpx.post(url + path, json=body)
+
+    cases = {
+        "lora_load_bad_path": post(
+            "/v1/load_lora_adapter", {"lora_name": "a1", "lora_path": "/nonexistent"}
+        ),
+        "lora_load": post(
+            "/v1/load_lora_adapter", {"lora_name": "a1", "lora_path": str(tmp_path / "a1")}
+        ),
+        "lora_load_dup": post(
+            "/v1/load_lora_adapter", {"lora_name": "a1", "lora_path": str(tmp_path / "a1")}
+        ),
+    }
+    models = httpx.get(url + "/v1/models").json()["data"]
+    assert [(m["id"], m["parent"]) for m in models] == [("sim-model", None), ("a1", "sim-model")]
+    out = post("/v1/completions", {"model": "a1", "prompt": "t40", "max_tokens": 2})
+    assert out.status_code == 200 and out.json()["model"] == "a1"
+    cases["lora_unload"] = post("/v1/unload_lora_adapter", {"lora_name": "a1"})
+    cases["lora_unload_unknown"] = post("/v1/unload_lora_adapter", {"lora_name": "zzz"})
+    for name, response in cases.items():
+        expected = VLLM[name]
+        assert response.status_code == expected["status"], name
+        if expected["status"] == 200:
+            assert response.text == expected["body"]
+        else:
+            assert response.json()["error"]["type"] == json.loads(expected["body"])["error"]["type"]
+    assert (
+        cases["lora_load_bad_path"].json()["error"]["message"]
+        == json.loads(VLLM["lora_load_bad_path"]["body"])["error"]["message"]
+    )
+    gone = post("/v1/completions", {"model": "a1", "prompt": "t40", "max_tokens": 2})
+    assert gone.status_code == 404
+
+
+def test_lora_endpoints_absent_without_enable_lora(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=50)
+    r = httpx.post(
+        fleet.urls[0] + "/v1/load_lora_adapter", json={"lora_name": "a", "lora_path": "/"}
+    )
+    assert r.status_code == 404
+
+
+def test_tokenize_and_health(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=50)
+    url = fleet.urls[0]
+    assert httpx.get(url + "/health").status_code == 200
+    r = httpx.post(url + "/tokenize", json={"prompt": "t20 t21"}).json()
+    assert r["tokens"] == [20, 21] and r["count"] == 2

@@ -1,0 +1,76 @@
+"""``kvstack sim-engine`` as a process: a fleet on consecutive ports, clean shutdown, bad flags."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+
+import httpx
+
+from kvstack.stack.procs import wait_http_ok
+
+
+def consecutive_free_ports(num: int) -> int:
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + num >= 65535:
+            continue
+        try:
+            socks = []
+            for port in range(base, base + num):
+                sock = socket.socket()
+                socks.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free port range")
+
+
+def kvstack(*args: str) -> list[str]:
+    return [sys.executable, "-m", "kvstack", *args]
+
+
+def test_fleet_process_serves_every_port_and_stops_on_sigterm() -> None:
+    base = consecutive_free_ports(3)
+    proc = subprocess.Popen(
+        kvstack("sim-engine", "--fleet", "3", "--base-port", str(base), "--time-scale", "20",
+                "--model", "m"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        for port in range(base, base + 3):
+            wait_http_ok(f"http://127.0.0.1:{port}/health", 20, proc)
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions",
+                           json={"model": "m", "prompt": "t20 t21", "max_tokens": 2})  # fmt: skip
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bad_values_are_named() -> None:
+    out = subprocess.run(kvstack("sim-engine", "--num-blocks", "0"), capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "sim.num_blocks" in out.stderr and "greater than 0" in out.stderr
+    out = subprocess.run(
+        kvstack("sim-engine", "--num-blocks", "10", "--max-model-len", "1000"),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2 and "max_model_len (1000)" in out.stderr
+
+
+def test_help_lists_engine_flags() -> None:
+    out = subprocess.run(kvstack("sim-engine", "--help"), capture_output=True, text=True)
+    assert out.returncode == 0 and "--kv-events-endpoint" in out.stdout
+    assert "--prefill-tokens-per-s" in out.stdout

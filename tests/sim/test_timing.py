@@ -1,0 +1,74 @@
+"""Time to first token and inter-token latency follow the configured rates (scaled time)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.sim.conftest import FleetFactory
+
+SCALE = 5.0
+CONFIG = {
+    "time_scale": SCALE, "step_base_s": 0.05, "prefill_tokens_per_s": 2000.0,
+    "decode_per_seq_s": 0.01, "decode_per_context_token_s": 0.0,
+}  # fmt: skip
+PROMPT_TOKENS, OUTPUT_TOKENS = 200, 20
+EXPECTED_TTFT_S = 0.05 + PROMPT_TOKENS / 2000.0  # one step: base + prefill
+EXPECTED_ITL_S = 0.05 + 0.01  # one decode step at batch size 1
+
+
+def measure(client: httpx.Client, url: str, base: int) -> tuple[float, float]:
+    """Client-side TTFT and mean inter-token latency of one streamed request, in sim seconds."""
+    body = {"prompt": [base + i for i in range(PROMPT_TOKENS)], "max_tokens": OUTPUT_TOKENS,
+            "stream": True}  # fmt: skip
+    start = time.perf_counter()
+    first = last = 0.0
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                last = time.perf_counter()
+                first = first or last
+    return (first - start) * SCALE, (last - first) * SCALE / (OUTPUT_TOKENS - 1)
+
+
+def test_client_latencies_match_the_model(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(**CONFIG)
+    with httpx.Client() as client:  # created outside the timed part (it loads CA files)
+        results = [measure(client, fleet.urls[0], 1000 * (i + 1)) for i in range(3)]
+    ttft = sorted(r[0] for r in results)[1]
+    itl = sorted(r[1] for r in results)[1]
+    assert abs(ttft - EXPECTED_TTFT_S) / EXPECTED_TTFT_S < 0.25, ttft
+    assert abs(itl - EXPECTED_ITL_S) / EXPECTED_ITL_S < 0.25, itl
+
+
+def test_engine_histograms_record_model_seconds(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(**CONFIG)
+    with httpx.Client() as client:
+        for i in range(2):
+            measure(client, fleet.urls[0], 5000 * (i + 1))
+    text = httpx.get(fleet.urls[0] + "/metrics").text
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if not s.labels.get("le")}  # fmt: skip
+    ttft = (
+        values["vllm:time_to_first_token_seconds_sum"]
+        / values["vllm:time_to_first_token_seconds_count"]
+    )
+    itl = (
+        values["vllm:inter_token_latency_seconds_sum"]
+        / values["vllm:inter_token_latency_seconds_count"]
+    )
+    # Arrival to the first step's end: the step itself, plus at most a wall millisecond or two.
+    assert EXPECTED_TTFT_S <= ttft < EXPECTED_TTFT_S * 1.1
+    assert abs(itl - EXPECTED_ITL_S) / EXPECTED_ITL_S < 0.02
+    assert values["vllm:inter_token_latency_seconds_count"] == 2 * (OUTPUT_TOKENS - 1)
+
+
+def test_a_cached_prefix_shortens_the_first_token(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(**CONFIG)
+    with httpx.Client() as client:
+        cold, _ = measure(client, fleet.urls[0], 7000)
+        warm, _ = measure(client, fleet.urls[0], 7000)  # 192 of 200 tokens hit: prefill of 8
+    assert warm < cold * 0.6
+    assert abs(warm - (0.05 + 8 / 2000.0)) < 0.02
