@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -17,3 +18,11 @@ def free_port() -> int:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def toy_model() -> Path:
+    """The TINY random-weight float16 Llama + tokenizer (built once per machine, cached)."""
+    from kvstack.models.toy import build_toy_model
+
+    return build_toy_model()

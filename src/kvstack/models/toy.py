@@ -155,3 +155,28 @@ def _build_weights(path: Path, spec: ToyModelSpec, vocab_size: int) -> None:
     )
     model = transformers.LlamaForCausalLM(config).to(getattr(torch, spec.dtype))  # type: ignore[attr-defined]
     model.save_pretrained(path, safe_serialization=True)
+
+
+def build_toy_lora(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    rank: int = 8,
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj"),
+    seed: int = 0,
+) -> Path:
+    """A real PEFT LoRA adapter (``adapter_config.json`` + ``adapter_model.safetensors``) for a
+    toy model, with random non-zero weights so it changes the model's outputs."""
+    out = Path(out_dir)
+    if (out / "adapter_model.safetensors").exists():
+        return out
+    torch = require("torch", "kv")
+    transformers = require("transformers", "dev")
+    peft = require("peft", "dev")
+    torch.manual_seed(seed)  # type: ignore[attr-defined]
+    base = transformers.LlamaForCausalLM.from_pretrained(model_dir)  # type: ignore[attr-defined]
+    config = peft.LoraConfig(  # type: ignore[attr-defined]
+        r=rank, lora_alpha=2 * rank, target_modules=list(target_modules), init_lora_weights=False
+    )
+    model = peft.get_peft_model(base, config)  # type: ignore[attr-defined]
+    model.save_pretrained(out, safe_serialization=True)
+    return out

@@ -1,0 +1,1 @@
+"""Integrations with serving engines. ``integrations.vllm`` is the only package importing vLLM."""

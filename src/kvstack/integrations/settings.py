@@ -1,0 +1,59 @@
+"""Settings of the vLLM connector: the ``kv_connector_extra_config`` of ``--kv-transfer-config``.
+
+Connector keys (below) are read here; every other key is a ``kv`` section key (``tiers``,
+``chunk_size``, ``write_policy``, ``admission_threshold``...) and goes to the KV cache, over the
+YAML file named by ``KVSTACK_CONFIG`` and under ``KVSTACK_KV_*`` environment variables. Unknown
+keys are errors, reported at engine start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field
+
+from kvstack.config import load_section
+from kvstack.errors import ConfigError
+from kvstack.kv.config import KVConfig
+from kvstack.section import Section
+
+__all__ = ["ConnectorSettings", "split_extra_config"]
+
+
+class ConnectorSettings(Section):
+    model_fingerprint: str | None = Field(
+        default=None,
+        description="identity of the weights in the key namespace; default: the model name, "
+        "revision and a digest of its config.json. Set it when two hosts load the same "
+        "weights from different paths, or different weights from the same path.",
+    )
+    save_mode: Literal["async", "sync"] | None = Field(
+        default=None,
+        description="async: slow tiers write in the background; sync: the step waits until "
+        "every tier has the chunk (default: sync for kv_producer, async otherwise)",
+    )
+    lookup_timeout_s: float = Field(
+        default=2.0, gt=0, description="scheduler-to-worker lookup timeout; a timeout is a miss"
+    )
+    on_load_failure: Literal["recompute", "fail"] = Field(
+        default="recompute",
+        description="what vLLM does when a chunk vanishes or is corrupt at load time",
+    )
+    kv_events: bool = Field(
+        default=True, description="report kvstack tier stores/removals in vLLM's KV events"
+    )
+
+
+_CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
+
+
+def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, KVConfig]:
+    """Split the extra config into connector settings and the ``kv`` section."""
+    extra = dict(extra or {})
+    connector = {k: extra.pop(k) for k in list(extra) if k in _CONNECTOR_KEYS}
+    try:
+        settings = ConnectorSettings.model_validate(connector)
+    except ValueError as exc:
+        raise ConfigError(f"invalid kvstack connector setting: {exc}") from None
+    return settings, load_section("kv", KVConfig, extra)

@@ -1,0 +1,140 @@
+"""Connector statistics, carried from the worker and scheduler to vLLM's API server process.
+
+vLLM collects ``get_kv_connector_stats()`` from every worker and the scheduler each step,
+aggregates them, and hands them to the Prometheus metrics this module registers in the API
+server's registry, so they appear on the engine's own ``/metrics`` next to ``vllm:*``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from vllm.config import VllmConfig
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+
+__all__ = ["COUNTERS", "KVStackPromMetrics", "KVStackStats"]
+
+# name -> help. Counters are sums over the interval; *_seconds also feed histograms.
+COUNTERS: dict[str, str] = {
+    "lookup_tokens": "Prompt tokens looked up in kvstack beyond the engine's own prefix hit",
+    "hit_tokens": "Tokens kvstack could load (the engine computed the rest)",
+    "load_tokens": "Tokens loaded into the engine's KV cache",
+    "load_bytes": "Bytes loaded into the engine's KV cache",
+    "load_failed_chunks": "Chunks that failed to load (recomputed instead)",
+    "save_chunks": "Chunks copied out of the engine into kvstack",
+    "save_bytes": "Bytes copied out of the engine into kvstack",
+    "save_skipped_chunks": "Chunks not copied because kvstack already held them",
+}
+HISTOGRAMS: dict[str, str] = {
+    "load_seconds": "Time the engine step waited for kvstack loads",
+    "save_seconds": "Time the engine step spent copying KV out to kvstack",
+}
+TIER_COUNTERS = (
+    "hits", "misses", "bytes_read", "bytes_written",
+    "evictions", "corrupt", "dropped_writes", "errors",
+)  # fmt: skip
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass
+class KVStackStats(KVConnectorStats):
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, name: str, value: float) -> None:
+        self.data[name] = self.data.get(name, 0) + value
+
+    def observe(self, name: str, seconds: float) -> None:
+        self.data.setdefault(name, []).append(seconds)
+
+    def set_gauge(self, name: str, value: float) -> None:
+        self.data[f"gauge:{name}"] = value
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVStackStats:
+        for name, value in other.data.items():
+            if isinstance(value, list):
+                self.data.setdefault(name, []).extend(value)
+            elif name.startswith("gauge:"):
+                self.data[name] = value  # the latest reading wins
+            else:
+                self.add(name, value)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {}
+        for name, value in self.data.items():
+            out[name] = sum(value) if isinstance(value, list) else value
+        return out
+
+    def is_empty(self) -> bool:
+        return not any(v for k, v in self.data.items() if not k.startswith("gauge:"))
+
+
+class KVStackPromMetrics(KVConnectorPromMetrics):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        # vLLM hands over its (multiprocess-aware) metric classes; typed loosely on purpose.
+        counter_cls, gauge_cls = cast(Any, self._counter_cls), cast(Any, self._gauge_cls)
+        histogram_cls = cast(Any, self._histogram_cls)
+        self._counters: dict[str, Any] = {
+            name: counter_cls(
+                name=f"kvstack_connector_{name}", documentation=doc, labelnames=labelnames
+            )
+            for name, doc in COUNTERS.items()
+        }
+        self._tier_counters: dict[str, Any] = {
+            name: counter_cls(
+                name=f"kvstack_connector_tier_{name}",
+                documentation=f"kvstack tier {name.replace('_', ' ')} (worker processes)",
+                labelnames=[*labelnames, "tier"],
+            )
+            for name in TIER_COUNTERS
+        }
+        self._tier_gauges: dict[str, Any] = {
+            name: gauge_cls(
+                name=f"kvstack_connector_tier_{name}",
+                documentation=f"kvstack tier {name.replace('_', ' ')} (worker processes)",
+                labelnames=[*labelnames, "tier"],
+                multiprocess_mode="mostrecent",
+            )
+            for name in ("used_bytes", "entries")
+        }
+        self._histograms: dict[str, Any] = {
+            name: histogram_cls(
+                name=f"kvstack_connector_{name}",
+                documentation=doc,
+                labelnames=labelnames,
+                buckets=_BUCKETS,
+            )
+            for name, doc in HISTOGRAMS.items()
+        }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        labels = self.per_engine_labelvalues[engine_idx]
+        for name, value in transfer_stats_data.items():
+            kind, _, rest = name.partition(":")
+            if kind == "tier":
+                tier, _, counter = rest.partition(":")
+                self._tier_counters[counter].labels(*labels, tier).inc(value)
+            elif kind == "gauge":
+                _, tier, gauge = rest.split(":")
+                self._tier_gauges[gauge].labels(*labels, tier).set(value)
+            elif name in self._counters and value:
+                self._counters[name].labels(*labels).inc(value)
+            elif name in self._histograms:
+                for seconds in value:
+                    self._histograms[name].labels(*labels).observe(seconds)

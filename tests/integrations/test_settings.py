@@ -1,0 +1,33 @@
+"""The connector's extra config: connector keys apart, the rest is the kv section."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstack.errors import ConfigError
+from kvstack.integrations.settings import split_extra_config
+
+
+def test_split_connector_keys_from_kv_keys() -> None:
+    settings, kv = split_extra_config(
+        {"tiers": ["cpu://?size=1MiB"], "chunk_size": 512, "save_mode": "sync", "kv_events": False}
+    )
+    assert settings.save_mode == "sync" and settings.kv_events is False
+    assert kv.chunk_size == 512 and kv.tiers == ["cpu://?size=1MiB"]
+
+
+def test_unknown_key_names_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KVSTACK_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match="chunk_sise"):
+        split_extra_config({"chunk_sise": 256})
+
+
+def test_bad_connector_value_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="on_load_failure"):
+        split_extra_config({"on_load_failure": "explode"})
+
+
+def test_environment_overrides_kv_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KVSTACK_KV_CHUNK_SIZE", "1024")
+    _, kv = split_extra_config({"chunk_size": 256})
+    assert kv.chunk_size == 1024
