@@ -10,7 +10,10 @@
      │    └── TierError                   a tier I/O failure (the cache degrades it to a miss)
      ├── RouterError
      │    ├── NoBackendError              no backend can serve the request
-     │    └── UpstreamError               a backend failed before the first byte
+     │    ├── UpstreamError               a backend failed before the first byte
+     │    └── RequestError                the client's request is refused (an HTTP 4xx)
+     │         ├── AuthenticationError    a missing or unknown API key (401)
+     │         └── UnknownModelError      no route and no backend serves the model (404)
      ├── LoRAError
      │    ├── RegistryError               unknown adapter or version, invalid registry state
      │    ├── VerificationError           an artifact failed a check; ``reason`` says which
@@ -24,6 +27,7 @@ logged, counted and treated as a miss by :class:`kvstack.kv.KVCache`.
 from __future__ import annotations
 
 __all__ = [
+    "AuthenticationError",
     "ChunkFormatError",
     "ColdStartError",
     "ConfigError",
@@ -33,9 +37,11 @@ __all__ = [
     "MissingExtraError",
     "NoBackendError",
     "RegistryError",
+    "RequestError",
     "RouterError",
     "StackError",
     "TierError",
+    "UnknownModelError",
     "UpstreamError",
     "VerificationError",
     "require",
@@ -75,7 +81,56 @@ class NoBackendError(RouterError):
 
 
 class UpstreamError(RouterError):
-    """A backend failed before the first byte of its answer."""
+    """A backend failed before the first byte of its answer.
+
+    ``kind`` is connect | timeout | disconnect | status; ``status`` is the HTTP status the
+    router answers with when no retry is left (502, or 504 for a timeout).
+    """
+
+    def __init__(self, message: str, kind: str = "error", status: int = 502) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+class RequestError(RouterError):
+    """The client's request is refused; rendered as an OpenAI-style error with ``status``."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.kind = kind
+
+
+class AuthenticationError(RequestError):
+    """The request carries no API key, or one the router does not know."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, 401, code="invalid_api_key", kind="authentication_error")
+
+
+class UnknownModelError(RequestError):
+    """No model route and no backend serves the requested model; ``known`` lists the names."""
+
+    def __init__(self, model: str, known: list[str]) -> None:
+        names = ", ".join(known) or "none"
+        super().__init__(
+            f"The model {model!r} does not exist; known models: {names}",
+            404,
+            param="model",
+            code="model_not_found",
+        )
+        self.known = known
 
 
 class LoRAError(KVStackError):

@@ -1,11 +1,286 @@
-"""Configuration of the ``router`` section."""
+"""Configuration of the ``router`` section.
+
+A minimal file::
+
+    router:
+      port: 8080
+      backends: [{url: "http://10.0.0.1:8000"}, {url: "http://10.0.0.2:8000"}]
+      policy: least_load
+      models:
+        - name: support
+          targets: [{model: support-v1, weight: 90}, {model: support-v2, weight: 10}]
+      model_aliases: {gpt-4o-mini: toy-llama}
+
+``policy`` names a preset pipeline; ``pipeline`` spells one out (filters, weighted scorers, a
+picker, each by registered name with ``args``) and wins over ``policy`` when given.
+"""
 
 from __future__ import annotations
 
-from kvstack.section import Section
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
-__all__ = ["RouterConfig"]
+from pydantic import Field, SecretStr, field_validator, model_validator
+
+from kvstack.section import Section, parse_size
+
+__all__ = [
+    "ApiKeyConfig",
+    "AuthConfig",
+    "BackendConfig",
+    "DiscoveryConfig",
+    "EjectionConfig",
+    "HealthConfig",
+    "KubernetesConfig",
+    "LimitsConfig",
+    "ModelRoute",
+    "ModelTarget",
+    "PipelineConfig",
+    "PluginSpec",
+    "RetryConfig",
+    "RouterConfig",
+    "ScrapeConfig",
+    "TimeoutsConfig",
+]
+
+POLICIES = ("round_robin", "least_load", "session", "random")
+
+
+def check_backend_url(url: str) -> str:
+    """``http(s)://host:port`` without a path; the returned form has no trailing slash."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"backend URL {url!r} must look like http://host:port")
+    if parts.path not in ("", "/") or parts.query:
+        raise ValueError(f"backend URL {url!r} must not carry a path or a query")
+    return url.rstrip("/")
+
+
+class BackendConfig(Section):
+    url: str = Field(description="base URL of an OpenAI-compatible engine, http://host:port")
+    name: str | None = Field(default=None, description="backend id in metrics; default: the URL")
+    models: list[str] | None = Field(
+        default=None,
+        description="models (base and adapters) it serves; None: read from its /v1/models",
+    )
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both", description="prefill/decode role for disaggregated serving"
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="free-form labels")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        return check_backend_url(value)
+
+
+class KubernetesConfig(Section):
+    namespace: str = Field(default="default", description="namespace of the engine pods")
+    label_selector: str = Field(
+        default="app=vllm", min_length=1, description="label selector of the engine pods"
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="engine HTTP port in each pod")
+    scheme: Literal["http", "https"] = Field(default="http", description="engine URL scheme")
+    role_label: str = Field(
+        default="kvstack.io/role", description="pod label holding the prefill/decode role"
+    )
+    relist_interval_s: float = Field(
+        default=60.0, gt=0, description="full re-list period; repairs anything a watch missed"
+    )
+    watch_timeout_s: int = Field(
+        default=30, ge=1, le=3600, description="server-side timeout of one watch request"
+    )
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file; None: in-cluster service account"
+    )
+    api_url: str | None = Field(
+        default=None, description="API server URL without credentials (a local proxy, tests)"
+    )
+
+
+class DiscoveryConfig(Section):
+    kind: Literal["static", "kubernetes"] = Field(
+        default="static", description="static: the `backends` list; kubernetes: pods by label"
+    )
+    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+
+
+class HealthConfig(Section):
+    interval_s: float = Field(default=2.0, gt=0, description="active health check period")
+    timeout_s: float = Field(default=1.0, gt=0, description="timeout of one health check")
+    path: str = Field(default="/health", description="health path on each backend")
+    unhealthy_after: int = Field(default=2, ge=1, description="consecutive failures to go down")
+    healthy_after: int = Field(default=1, ge=1, description="consecutive successes to come back")
+    models_interval_s: float = Field(
+        default=5.0, gt=0, description="how often each backend's /v1/models is re-read"
+    )
+
+
+class EjectionConfig(Section):
+    """Passive ejection: failures seen on real traffic take a backend out for a bounded lease."""
+
+    consecutive_failures: int = Field(
+        default=2, ge=1, description="failures in a row (connect, timeout, 5xx) before ejection"
+    )
+    base_lease_s: float = Field(default=1.0, gt=0, description="first ejection lease")
+    max_lease_s: float = Field(
+        default=30.0, gt=0, description="lease cap; leases double per repeated ejection"
+    )
+
+    @model_validator(mode="after")
+    def _order(self) -> EjectionConfig:
+        if self.max_lease_s < self.base_lease_s:
+            raise ValueError(
+                f"max_lease_s ({self.max_lease_s}) must be >= base_lease_s ({self.base_lease_s})"
+            )
+        return self
+
+
+class ScrapeConfig(Section):
+    enabled: bool = Field(default=True, description="scrape each backend's Prometheus metrics")
+    interval_s: float = Field(default=0.5, gt=0, description="scrape period")
+    timeout_s: float = Field(default=1.0, gt=0, description="timeout of one scrape")
+    stale_after_s: float = Field(
+        default=2.0, gt=0, description="scraped figures older than this are ignored"
+    )
+    path: str = Field(default="/metrics", description="metrics path on each backend")
+
+
+class TimeoutsConfig(Section):
+    connect_s: float = Field(default=3.0, gt=0, description="TCP connect to a backend")
+    first_byte_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="until the first body byte (streaming: first token; otherwise the answer)",
+    )
+    total_s: float = Field(default=1800.0, gt=0, description="whole request, streaming included")
+
+
+class RetryConfig(Section):
+    max_attempts: int = Field(
+        default=3, ge=1, le=10, description="attempts per request, the first included"
+    )
+    backoff_base_s: float = Field(default=0.02, ge=0, description="backoff before retry 1")
+    backoff_max_s: float = Field(default=0.5, ge=0, description="backoff cap (doubling, jitter)")
+    on_status: list[int] = Field(
+        default_factory=lambda: [500, 502, 503, 504],
+        description="upstream statuses retried on another backend (before any byte is sent)",
+    )
+
+    @field_validator("on_status")
+    @classmethod
+    def _statuses(cls, value: list[int]) -> list[int]:
+        bad = [s for s in value if not 500 <= s <= 599]
+        if bad:
+            raise ValueError(f"on_status must hold 5xx codes only, got {bad}")
+        return value
+
+
+class LimitsConfig(Section):
+    max_request_bytes: int = Field(
+        default=16 * 2**20, gt=0, description='largest request body; sizes like "16MiB" accepted'
+    )
+
+    @field_validator("max_request_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value, "max_request_bytes") if isinstance(value, str) else value
+
+
+class ApiKeyConfig(Section):
+    key: SecretStr = Field(description="the bearer token clients send")
+    tenant: str = Field(default="default", min_length=1, description="tenant of this key")
+
+
+class AuthConfig(Section):
+    api_keys: list[ApiKeyConfig] = Field(
+        default_factory=list, description="accepted API keys; none and no file: auth off"
+    )
+    api_keys_file: str | None = Field(
+        default=None,
+        description='file of "KEY [TENANT]" lines (# comments); re-read when it changes',
+    )
+    upstream_api_key: SecretStr | None = Field(
+        default=None, description="bearer token the router sends to backends"
+    )
+
+
+class PluginSpec(Section):
+    name: str = Field(min_length=1, description="registered plugin name")
+    weight: float = Field(default=1.0, ge=0, description="scorer weight (ignored elsewhere)")
+    args: dict[str, Any] = Field(default_factory=dict, description="plugin arguments")
+
+
+class PipelineConfig(Section):
+    filters: list[PluginSpec] = Field(default_factory=list, description="filters, in order")
+    scorers: list[PluginSpec] = Field(default_factory=list, description="weighted scorers")
+    picker: PluginSpec = Field(
+        default_factory=lambda: PluginSpec(name="max_score"), description="the picker"
+    )
+
+
+class ModelTarget(Section):
+    model: str = Field(min_length=1, description="a base model or LoRA adapter the backends serve")
+    weight: float = Field(default=1.0, gt=0, description="relative share of traffic")
+
+
+class ModelRoute(Section):
+    name: str = Field(min_length=1, description="model name clients ask for")
+    targets: list[ModelTarget] = Field(min_length=1, description="weighted targets")
+    sticky: bool = Field(
+        default=True, description="the same session or user always gets the same target"
+    )
 
 
 class RouterConfig(Section):
-    """Filled in by the component that owns this section."""
+    host: str = Field(default="0.0.0.0", description="listen address")
+    port: int = Field(default=8080, ge=1, le=65535, description="listen port")
+    backends: list[BackendConfig] = Field(
+        default_factory=list, description="static backends (discovery.kind = static)"
+    )
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    policy: str = Field(default="least_load", description=f"preset pipeline: {', '.join(POLICIES)}")
+    pipeline: PipelineConfig | None = Field(
+        default=None, description="explicit pipeline; overrides policy"
+    )
+    models: list[ModelRoute] = Field(default_factory=list, description="weighted model routes")
+    model_aliases: dict[str, str] = Field(
+        default_factory=dict, description="alias -> model or route name"
+    )
+    session_header: str = Field(
+        default="x-session-id", description="header naming the session (else the `user` field)"
+    )
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    ejection: EjectionConfig = Field(default_factory=EjectionConfig)
+    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    seed: int | None = Field(default=None, description="seed of random choices (tests)")
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"policy {value!r} is unknown; choose one of {', '.join(POLICIES)}")
+        return value
+
+    @field_validator("session_header")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+    @model_validator(mode="after")
+    def _names(self) -> RouterConfig:
+        names = [route.name for route in self.models]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"model routes defined twice: {duplicates}")
+        clashes = sorted(set(names) & set(self.model_aliases))
+        if clashes:
+            raise ValueError(f"names used both as route and alias: {clashes}")
+        ids = [b.name or b.url for b in self.backends]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"backend names/URLs must be unique, got {ids}")
+        return self

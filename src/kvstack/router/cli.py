@@ -1,0 +1,105 @@
+"""``kvstack router``: run the OpenAI-compatible router.
+
+Settings come from the ``router`` section of ``--config`` (or ``KVSTACK_CONFIG``), then these
+flags, then ``KVSTACK_ROUTER_*`` environment variables. Examples::
+
+    kvstack router --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002
+    kvstack router --config router.yaml --port 9000 --policy session
+    kvstack router --discovery kubernetes --k8s-selector app=vllm --k8s-namespace llm
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from kvstack.config import load_section, log_config_once
+from kvstack.errors import ConfigError
+from kvstack.router.config import POLICIES, RouterConfig
+
+__all__ = ["parse_args", "run"]
+
+log = logging.getLogger(__name__)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvstack router", description="OpenAI-compatible router")
+    p.add_argument("--config", help="YAML file with a `router` section")
+    p.add_argument("--host", help="listen address (default 0.0.0.0)")
+    p.add_argument("--port", type=int, help="listen port (default 8080)")
+    p.add_argument("--backend", action="append", metavar="URL", help="a backend (repeatable)")
+    p.add_argument("--policy", choices=POLICIES, help="routing policy")
+    p.add_argument(
+        "--model-alias", action="append", metavar="ALIAS=MODEL", help="a model alias (repeatable)"
+    )
+    p.add_argument("--api-keys-file", help='file of "KEY [TENANT]" lines; enables auth')
+    p.add_argument("--discovery", choices=("static", "kubernetes"), help="backend source")
+    p.add_argument("--k8s-namespace", help="namespace of the engine pods")
+    p.add_argument("--k8s-selector", help="label selector of the engine pods")
+    p.add_argument("--k8s-port", type=int, help="engine port in each pod")
+    p.add_argument("--max-attempts", type=int, help="attempts per request (retries + 1)")
+    p.add_argument("--seed", type=int, help="seed of random choices")
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[RouterConfig, argparse.Namespace]:
+    """The effective config from file, flags and environment (ConfigError if invalid)."""
+    args = _parser().parse_args(argv)
+    data: dict[str, Any] = {}
+    for key in ("host", "port", "policy", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if args.backend:
+        data["backends"] = [{"url": url} for url in args.backend]
+    if args.model_alias:
+        data["model_aliases"] = dict(_alias(a) for a in args.model_alias)
+    if args.api_keys_file:
+        data["auth"] = {"api_keys_file": args.api_keys_file}
+    if args.max_attempts is not None:
+        data["retry"] = {"max_attempts": args.max_attempts}
+    discovery = _discovery(args)
+    if discovery:
+        data["discovery"] = discovery
+    return load_section("router", RouterConfig, data, path=args.config), args
+
+
+def _alias(text: str) -> tuple[str, str]:
+    alias, sep, model = text.partition("=")
+    if not sep or not alias or not model:
+        raise ConfigError(f"--model-alias {text!r} must look like ALIAS=MODEL")
+    return alias, model
+
+
+def _discovery(args: argparse.Namespace) -> dict[str, Any]:
+    kube = {
+        key: value
+        for key, value in (
+            ("namespace", args.k8s_namespace),
+            ("label_selector", args.k8s_selector),
+            ("port", args.k8s_port),
+        )
+        if value is not None
+    }
+    out: dict[str, Any] = {"kubernetes": kube} if kube else {}
+    if args.discovery:
+        out["kind"] = args.discovery
+    return out
+
+
+def run(command: str, argv: list[str]) -> int:
+    try:
+        config, _ = parse_args(argv)
+    except ConfigError as exc:
+        print(f"kvstack router: {exc}", file=sys.stderr)
+        return 2
+    if config.discovery.kind == "static" and not config.backends:
+        print("kvstack router: no backends; pass --backend URL or a config file", file=sys.stderr)
+        return 2
+    log_config_once("router", config)
+    from kvstack.router.server import build_server
+
+    server = build_server(config)
+    server.run()
+    return 0 if server.started else 1

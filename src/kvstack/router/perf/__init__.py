@@ -1,0 +1,1 @@
+"""Tools behind ``kvstack bench router``: a trivial fast upstream and a load generator."""

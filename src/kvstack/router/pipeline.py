@@ -1,0 +1,156 @@
+"""The scheduling pipeline: eligible backends → filters → weighted scorers → picker → Decision.
+
+The pipeline is synchronous and reads a snapshot of the pool, so a caller may run it at any
+moment (at arrival, or at dispatch for late binding). It explains every decision: the reason is
+the scorer whose weighted score separated the chosen backend from the runner-up, or the picker's
+tie-break when none did (``round_robin``, ``random``), or ``only_candidate``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from kvstack.errors import ConfigError, NoBackendError
+from kvstack.router.backends import BackendState, BackendView
+from kvstack.router.config import PipelineConfig, PluginSpec
+from kvstack.router.plugins import FILTERS, PICKERS, SCORERS
+from kvstack.router.plugins.base import (
+    Candidate,
+    Filter,
+    Picker,
+    Plugin,
+    PluginContext,
+    Scorer,
+    ScoreResult,
+)
+from kvstack.router.request import RoutingRequest
+
+__all__ = ["Decision", "Pipeline", "eligible_backends", "preset"]
+
+_EPS = 1e-9
+P = TypeVar("P", bound=Plugin)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    backend: BackendView
+    reason: str
+    score: float
+    num_candidates: int
+    notes: tuple[str, ...] = ()
+
+    def header(self) -> str:
+        """The ``x-kvstack-decision`` header value."""
+        parts = [f"reason={self.reason}", f"candidates={self.num_candidates}"]
+        parts.append(f"score={self.score:.3f}")
+        parts.extend(self.notes)
+        return ";".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+class Pipeline:
+    def __init__(
+        self, filters: Sequence[Filter], scorers: Sequence[WeightedScorer], picker: Picker
+    ):
+        self.filters = list(filters)
+        self.scorers = list(scorers)
+        self.picker = picker
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, context: PluginContext) -> Pipeline:
+        filters = [_build(FILTERS.get(s.name), s, context) for s in config.filters]
+        scorers = [
+            WeightedScorer(_build(SCORERS.get(s.name), s, context), s.weight)
+            for s in config.scorers
+        ]
+        picker = _build(PICKERS.get(config.picker.name), config.picker, context)
+        return cls(filters, scorers, picker)
+
+    def plugins(self) -> list[Plugin]:
+        return [*self.filters, *(w.scorer for w in self.scorers), self.picker]
+
+    def decide(self, request: RoutingRequest, candidates: Sequence[BackendView]) -> Decision:
+        """Choose one of ``candidates`` (eligible backends, see :func:`eligible_backends`)."""
+        backends = list(candidates)
+        for f in self.filters:
+            backends = f.filter(request, backends)
+        if not backends:
+            names = ", ".join(f.name for f in self.filters)
+            raise NoBackendError(f"filters ({names}) left no backend for model {request.target!r}")
+        if len(backends) == 1:
+            return Decision(backends[0], "only_candidate", 0.0, 1)
+        results = [(w, w.scorer.score(request, backends)) for w in self.scorers]
+        totals = {b.id: 0.0 for b in backends}
+        for w, result in results:
+            for backend_id, value in result.scores.items():
+                if backend_id in totals:
+                    totals[backend_id] += w.weight * value
+        ranked = sorted((Candidate(b, totals[b.id]) for b in backends), key=lambda c: -c.score)
+        chosen = self.picker.pick(request, ranked)
+        reason = self._reason(chosen, ranked, results)
+        notes = tuple(f"{w.scorer.name}={r.note}" for w, r in results if r.note)
+        return Decision(chosen.backend, reason, chosen.score, len(backends), notes)
+
+    def _reason(
+        self,
+        chosen: Candidate,
+        ranked: Sequence[Candidate],
+        results: Sequence[tuple[WeightedScorer, ScoreResult]],
+    ) -> str:
+        others = [c for c in ranked if c.backend.id != chosen.backend.id]
+        if chosen.score <= max(c.score for c in others) + _EPS:
+            return self.picker.tie_reason
+        best_name, best_margin = self.picker.tie_reason, _EPS
+        for w, result in results:
+            mine = result.scores.get(chosen.backend.id, 0.0)
+            theirs = max(result.scores.get(c.backend.id, 0.0) for c in others)
+            margin = w.weight * (mine - theirs)
+            if margin > best_margin:
+                best_name, best_margin = w.scorer.name, margin
+        return best_name
+
+
+def eligible_backends(
+    states: Sequence[BackendState], target: str, exclude: Collection[str] = ()
+) -> list[BackendView]:
+    """Usable backends serving ``target``, not in ``exclude``; NoBackendError says why none."""
+    now_s = time.monotonic()
+    serving = [s for s in states if target in s.models]
+    eligible: list[BackendView] = [s for s in serving if s.id not in exclude and s.usable(now_s)]
+    if eligible:
+        return eligible
+    if not states:
+        raise NoBackendError("no backends are configured or discovered")
+    if not serving:
+        raise NoBackendError(f"no backend serves model {target!r}")
+    if all(s.id in exclude for s in serving):
+        raise NoBackendError(f"every backend serving {target!r} failed this request")
+    raise NoBackendError(f"every backend serving {target!r} is unhealthy or ejected")
+
+
+def preset(policy: str) -> PipelineConfig:
+    """The pipeline behind each ``policy`` name."""
+    load = PluginSpec(name="least_load")
+    presets = {
+        "round_robin": PipelineConfig(),
+        "random": PipelineConfig(picker=PluginSpec(name="random")),
+        "least_load": PipelineConfig(scorers=[load]),
+        # Weight 2 > the load scorer's maximum of 1: the pinned backend wins unless it yields.
+        "session": PipelineConfig(scorers=[PluginSpec(name="session_affinity", weight=2.0), load]),
+    }
+    return presets[policy]
+
+
+def _build(cls: type[P], spec: PluginSpec, context: PluginContext) -> P:
+    try:
+        return cls(context, **spec.args)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"plugin {spec.name!r} rejects args {spec.args}: {exc}") from None

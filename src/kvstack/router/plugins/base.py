@@ -1,0 +1,105 @@
+"""The plugin interfaces of the scheduling pipeline: filters → weighted scorers → picker.
+
+Call order per routing decision (see :class:`kvstack.router.pipeline.Pipeline`)::
+
+    candidates = usable backends serving request.target, minus those already tried
+    for f in filters:  candidates = f.filter(request, candidates)     # may only remove
+    for s in scorers:  result = s.score(request, candidates)          # each score in [0, 1]
+    total[b] = Σ weight_s · result_s.scores.get(b.id, 0)
+    chosen = picker.pick(request, ranked candidates)
+
+Plugins are constructed once per router from config as ``cls(context, **args)``, run on the
+event loop and must not block. A plugin that needs to learn from traffic (a prefix index, a
+cost model) also implements :class:`RequestObserver`; one that needs background work (an event
+subscription) overrides :meth:`Plugin.start` / :meth:`Plugin.close`. New policies are new
+plugin files registered in :mod:`kvstack.router.plugins`, never pipeline changes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+
+from kvstack.router.backends import BackendView
+from kvstack.router.request import RoutingRequest
+
+__all__ = [
+    "Candidate",
+    "Filter",
+    "Picker",
+    "Plugin",
+    "PluginContext",
+    "RequestObserver",
+    "ScoreResult",
+    "Scorer",
+]
+
+
+@dataclass
+class PluginContext:
+    """What every plugin may use: a seeded RNG and named shared services (tokenizers, an index)
+    that plugins register and look up so that several of them can share one instance."""
+
+    rng: random.Random = field(default_factory=random.Random)
+    services: dict[str, Any] = field(default_factory=dict)
+
+
+class Plugin:
+    """Base of filters, scorers and pickers: a registered name and an optional lifecycle."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, context: PluginContext) -> None:
+        self.context = context
+
+    async def start(self) -> None:
+        """Start background work (called once, before the first request)."""
+
+    async def close(self) -> None:
+        """Stop background work."""
+
+
+class Filter(Plugin):
+    def filter(self, request: RoutingRequest, backends: Sequence[BackendView]) -> list[BackendView]:
+        """Return the backends that may serve ``request`` (a subset, order kept). Pure."""
+        raise NotImplementedError
+
+
+class ScoreResult(NamedTuple):
+    scores: Mapping[str, float]  # backend id -> [0, 1]; a missing id scores 0
+    note: str = ""  # why, for the decision header ("pinned", "yield:saturated", a prediction)
+
+
+class Scorer(Plugin):
+    def score(self, request: RoutingRequest, backends: Sequence[BackendView]) -> ScoreResult:
+        """Score each backend in [0, 1] (higher is better). Must not mutate router state."""
+        raise NotImplementedError
+
+
+class Candidate(NamedTuple):
+    backend: BackendView
+    score: float  # Σ weight · score over the scorers
+
+
+class Picker(Plugin):
+    #: The reason recorded when the scores tie and the picker alone decides.
+    tie_reason: ClassVar[str] = "tie"
+
+    def pick(self, request: RoutingRequest, candidates: Sequence[Candidate]) -> Candidate:
+        """Choose one of ``candidates`` (never empty, best score first)."""
+        raise NotImplementedError
+
+
+@runtime_checkable
+class RequestObserver(Protocol):
+    """Optional: plugins that learn from outcomes. Called on the event loop; must not block."""
+
+    def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None: ...
+
+    def on_first_token(
+        self, request: RoutingRequest, backend: BackendView, ttft_s: float
+    ) -> None: ...
+
+    def on_finish(self, request: RoutingRequest, backend: BackendView, outcome: str) -> None: ...

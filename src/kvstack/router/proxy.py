@@ -1,0 +1,182 @@
+"""Forwarding with retries: decide, account, attempt; on a failure before the commit point,
+back off and try another backend (bounded attempts); never retry once bytes reached the client.
+
+Per attempt: the pipeline picks a backend among the eligible ones not tried yet; its load lease
+is taken at once (so concurrent decisions see it), the prefill share is returned at the first
+upstream byte, the request share when the attempt ends however it ends. Failures feed passive
+ejection; a success clears it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from typing import cast
+
+from kvstack.errors import NoBackendError, UpstreamError
+from kvstack.router.backends import BackendPool, BackendState
+from kvstack.router.config import RouterConfig
+from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
+from kvstack.router.plugins.base import RequestObserver
+from kvstack.router.relay import Exchange, Relay, sse_error_event
+from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
+from kvstack.router.responses import HOP_BY_HOP, Send
+from kvstack.router.telemetry import Telemetry
+from kvstack.router.upstream import UpstreamClient, timeout
+
+__all__ = ["PATHS", "Proxy", "observers_of"]
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+BACKEND_HEADER = b"x-kvstack-backend"
+DECISION_HEADER = b"x-kvstack-decision"
+TENANT_HEADER = "x-kvstack-tenant"
+
+
+class Proxy:
+    def __init__(
+        self,
+        config: RouterConfig,
+        pool: BackendPool,
+        pipeline: Pipeline,
+        client: UpstreamClient,
+        telemetry: Telemetry,
+        observers: Sequence[RequestObserver] = (),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.pipeline = pipeline
+        self.telemetry = telemetry
+        self.observers = list(observers)
+        self._rng = rng or random.Random()
+        self._relay = Relay(client, config.timeouts.first_byte_s, frozenset(config.retry.on_status))
+        key = config.auth.upstream_api_key
+        self._upstream_auth = None if key is None else f"Bearer {key.get_secret_value()}"
+        self._drop_client_auth = config.auth.api_keys_file is not None or bool(config.auth.api_keys)
+
+    async def forward(
+        self, request: RoutingRequest, body: bytes, send: Send, exchange: Exchange
+    ) -> None:
+        """Answer ``request`` from some backend, or raise UpstreamError / NoBackendError
+        (only ever before the commit point)."""
+        try:
+            async with timeout(self.config.timeouts.total_s):
+                await self._forward(request, body, send, exchange)
+        except TimeoutError:
+            if not exchange.committed:
+                raise UpstreamError(
+                    "the request exceeded the total timeout", "timeout", 504
+                ) from None
+            self.telemetry.stream_abort("timeout")
+            if not exchange.finished:
+                exchange.finished = True
+                message = sse_error_event("the request exceeded the router's total timeout")
+                await send({"type": "http.response.body", "body": message})
+
+    async def _forward(
+        self, request: RoutingRequest, body: bytes, send: Send, exchange: Exchange
+    ) -> None:
+        headers = self.upstream_headers(request)
+        tried: list[str] = []
+        failure: UpstreamError | None = None
+        for attempt in range(self.config.retry.max_attempts):
+            if attempt:
+                await asyncio.sleep(self._backoff_s(attempt))
+            try:
+                candidates = eligible_backends(self.pool.states(), request.target, tried)
+                decision = self.pipeline.decide(request, candidates)
+            except NoBackendError:
+                if failure is None:
+                    raise
+                break
+            tried.append(decision.backend.id)
+            exchange.attempts = attempt + 1
+            self.telemetry.decision(decision.reason)
+            try:
+                await self._attempt(request, body, headers, send, exchange, decision)
+                return
+            except UpstreamError as exc:
+                failure = exc
+                self._record_failure(cast(BackendState, decision.backend), exc)
+                if attempt + 1 < self.config.retry.max_attempts:
+                    self.telemetry.retry(exc.kind)
+        assert failure is not None
+        raise failure
+
+    async def _attempt(
+        self,
+        request: RoutingRequest,
+        body: bytes,
+        headers: dict[str, str],
+        send: Send,
+        exchange: Exchange,
+        decision: Decision,
+    ) -> None:
+        state = cast(BackendState, decision.backend)
+        lease = state.load.acquire(request.estimated_prompt_tokens)
+        exchange.backend = state.id
+        exchange.extra_headers = self._decision_headers(request, decision, exchange.attempts)
+        for observer in self.observers:
+            observer.on_dispatch(request, state)
+        outcome = "cancelled"
+        try:
+            exchange.upstream_sent_s = time.perf_counter()
+            url = state.url + PATHS[request.endpoint]
+            opened = await self._relay.open(url, body, headers, state.id, request.stream)
+            exchange.upstream_first_byte_s = time.perf_counter()
+            lease.first_token()
+            state.ejection.record_success()
+            for observer in self.observers:
+                observer.on_first_token(
+                    request, state, exchange.upstream_first_byte_s - request.arrival_s
+                )
+            outcome = await self._relay.deliver(opened, send, exchange)
+            if outcome != "ok":
+                self.telemetry.stream_abort(outcome)
+        except UpstreamError as exc:
+            outcome = exc.kind
+            raise
+        finally:
+            lease.release()
+            for observer in self.observers:
+                observer.on_finish(request, state, outcome)
+
+    def upstream_headers(self, request: RoutingRequest) -> dict[str, str]:
+        headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
+        if self._drop_client_auth:
+            headers.pop("authorization", None)
+        if self._upstream_auth is not None:
+            headers["authorization"] = self._upstream_auth
+        headers[REQUEST_ID_HEADER] = request.request_id
+        if request.tenant is not None:  # set by the router only: a client cannot spoof it
+            headers[TENANT_HEADER] = request.tenant
+        else:
+            headers.pop(TENANT_HEADER, None)
+        headers.setdefault("content-type", "application/json")
+        return headers
+
+    @staticmethod
+    def _decision_headers(
+        request: RoutingRequest, decision: Decision, attempt: int
+    ) -> list[tuple[bytes, bytes]]:
+        value = decision.header() + (f";attempt={attempt}" if attempt > 1 else "")
+        return [
+            (BACKEND_HEADER, decision.backend.id.encode("latin-1", "replace")),
+            (DECISION_HEADER, value.encode("latin-1", "replace")),
+            (REQUEST_ID_HEADER.encode(), request.request_id.encode("latin-1", "replace")),
+        ]
+
+    def _record_failure(self, state: BackendState, exc: UpstreamError) -> None:
+        self.telemetry.upstream_error(state.id, exc.kind)
+        state.record_failure(self.config.ejection, exc.kind)
+
+    def _backoff_s(self, attempt: int) -> float:
+        retry = self.config.retry
+        delay = min(retry.backoff_max_s, retry.backoff_base_s * 2.0 ** (attempt - 1))
+        return delay * (0.5 + 0.5 * self._rng.random())  # jitter: retries do not move in lockstep
+
+
+def observers_of(plugins: Sequence[object]) -> list[RequestObserver]:
+    return [p for p in plugins if isinstance(p, RequestObserver)]

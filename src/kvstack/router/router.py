@@ -1,0 +1,121 @@
+"""``Router``: the router's parts wired together, with one start and one close.
+
+Start order: the upstream client; discovery (its first snapshot fills the pool); one round of
+health checks and model reads (so the first request sees live backends); the scraper; the
+plugins' own background work. Close runs in reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from kvstack.router.auth import ApiKeys
+from kvstack.router.backends import Backend, BackendPool, BackendState
+from kvstack.router.config import RouterConfig
+from kvstack.router.discovery import Discovery, make_discovery
+from kvstack.router.health import HealthChecker
+from kvstack.router.model_routes import ModelRouter
+from kvstack.router.pipeline import Pipeline, preset
+from kvstack.router.plugins.base import PluginContext
+from kvstack.router.proxy import Proxy, observers_of
+from kvstack.router.scraper import MetricsScraper
+from kvstack.router.telemetry import Telemetry
+from kvstack.router.upstream import UpstreamClient
+
+__all__ = ["Router"]
+
+log = logging.getLogger(__name__)
+
+
+class Router:
+    def __init__(self, config: RouterConfig, discovery: Discovery | None = None) -> None:
+        self.config = config
+        rng = random.Random(config.seed)
+        self.pool = BackendPool(stale_after_s=config.scrape.stale_after_s)
+        self.discovery = discovery or make_discovery(config)
+        self.client = UpstreamClient(config.timeouts)
+        self.auth = ApiKeys(config.auth)
+        self.telemetry = Telemetry()
+        self.context = PluginContext(rng=rng)
+        self.pipeline = Pipeline.from_config(config.pipeline or preset(config.policy), self.context)
+        self.models = ModelRouter(config.models, config.model_aliases, rng)
+        self.health = HealthChecker(
+            self.pool, self.client, config.health, on_round=self.auth.reload_if_changed
+        )
+        self.scraper = MetricsScraper(self.pool, self.client, config.scrape)
+        self.proxy = Proxy(
+            config,
+            self.pool,
+            self.pipeline,
+            self.client,
+            self.telemetry,
+            observers_of(self.pipeline.plugins()),
+            rng,
+        )
+        self._started = False
+
+    async def start(self) -> None:
+        await self.client.start()
+        await self.discovery.start(self._publish)
+        await self.health.start()
+        await self.scraper.start()
+        for plugin in self.pipeline.plugins():
+            await plugin.start()
+        self._started = True
+        log.info(
+            "router ready: %d backends (%d usable), policy %s",
+            len(self.pool),
+            len(self.pool.usable()),
+            "custom pipeline" if self.config.pipeline else self.config.policy,
+        )
+
+    async def close(self) -> None:
+        for plugin in reversed(self.pipeline.plugins()):
+            await plugin.close()
+        await self.scraper.close()
+        await self.health.close()
+        await self.discovery.close()
+        await self.client.close()
+        self._started = False
+
+    def _publish(self, backends: Sequence[Backend]) -> None:
+        self.pool.apply(backends)
+
+    def health_report(self) -> tuple[bool, dict[str, Any]]:
+        """(any backend usable, a JSON-able report per backend) for ``/health``."""
+        usable = {s.id for s in self.pool.usable()}
+        backends = {s.id: _backend_report(s, s.id in usable) for s in self.pool.states()}
+        return bool(usable), {
+            "status": "ok" if usable else "unavailable",
+            "usable": len(usable),
+            "total": len(backends),
+            "backends": backends,
+        }
+
+    def models_payload(self) -> dict[str, Any]:
+        """``/v1/models``: the union of the backends' lists, then routes and aliases."""
+        seen: dict[str, dict[str, Any]] = {}
+        for state in self.pool.states():
+            for entry in state.model_entries or [_plain(m) for m in sorted(state.models)]:
+                seen.setdefault(str(entry.get("id")), entry)
+        for entry in self.models.listed():
+            seen.setdefault(entry["id"], entry)
+        return {"object": "list", "data": list(seen.values())}
+
+
+def _backend_report(state: BackendState, usable: bool) -> dict[str, Any]:
+    return {
+        "url": state.url,
+        "usable": usable,
+        "healthy": state.healthy,
+        "ejected": not usable and state.healthy is not False,
+        "in_flight": state.in_flight,
+        "last_error": state.last_error or None,
+    }
+
+
+def _plain(model: str) -> dict[str, Any]:
+    return {"id": model, "object": "model", "created": 0, "owned_by": "kvstack"}

@@ -1,0 +1,41 @@
+"""Build the uvicorn server that runs the router (used by the CLI, the benchmark and tests)."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import uvicorn
+
+from kvstack.router.app import RouterApp
+from kvstack.router.config import RouterConfig
+from kvstack.router.router import Router
+
+__all__ = ["build_server"]
+
+log = logging.getLogger(__name__)
+
+
+def _fastest(module: str, fallback: str = "auto") -> str:
+    return module if importlib.util.find_spec(module) is not None else fallback
+
+
+def build_server(config: RouterConfig, router: Router | None = None) -> uvicorn.Server:
+    """A uvicorn server for ``config`` (httptools + uvloop when installed; no access log)."""
+    app = RouterApp(router or Router(config))
+    server_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop=_fastest("uvloop"),
+        http=_fastest("httptools"),
+        lifespan="on",
+        access_log=False,
+        log_config=None,  # keep the process's logging setup
+        proxy_headers=False,  # the router is the edge; X-Forwarded-* is not trusted
+        server_header=False,
+        date_header=False,
+        timeout_keep_alive=75,  # longer than common client pools keep idle connections
+        backlog=4096,
+    )
+    return uvicorn.Server(server_config)
