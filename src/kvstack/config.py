@@ -2,8 +2,9 @@
 
 Sources, later ones winning: the YAML file named by ``KVSTACK_CONFIG`` (or passed explicitly),
 a dict given in code, then environment variables ``KVSTACK_<SECTION>_<KEY>`` (nested keys joined
-with ``__``, e.g. ``KVSTACK_ROUTER_HEALTH__INTERVAL_S=2``; values are parsed as JSON when they
-parse, else taken as strings). Unknown keys anywhere are errors. Each component takes only its
+with ``__``, e.g. ``KVSTACK_ROUTER_HEALTH__INTERVAL_S=2``; lists, objects, quoted strings and
+``null`` are parsed as JSON, anything else is a string that the field's type converts). Unknown
+keys anywhere are errors. Each component takes only its
 own section (``kv``, ``router``, ``lora``, ``index``, ``sim``, ``bench``, ``stack``).
 """
 
@@ -83,7 +84,9 @@ def load_section(
     """Load one section: its part of the YAML file, then ``data``, then ``KVSTACK_<NAME>_*``."""
     env = os.environ if env is None else env
     from_file = _read_file(path, env).get(name, {}) or {}
-    merged = _deep_merge(from_file, dict(data or {}))
+    if not isinstance(from_file, Mapping):
+        raise ConfigError(f"config section {name!r} must be a mapping, got {from_file!r}")
+    merged = _deep_merge(dict(from_file), dict(data or {}))
     merged = _deep_merge(merged, _env_overrides(env, (name,)).get(name, {}))
     return _validate(cls, merged, name)
 
@@ -148,10 +151,16 @@ def _env_overrides(env: Mapping[str, str], sections: tuple[str, ...]) -> dict[st
 
 
 def _parse_env_value(raw: str) -> Any:
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
+    """JSON for lists, objects, quoted strings and ``null``; everything else stays a string
+    and is converted by the field's type (so ``KVSTACK_KV_MODEL=123`` is the string "123",
+    while ``KVSTACK_KV_CHUNK_SIZE=512`` still becomes the integer 512)."""
+    text = raw.strip()
+    if text == "null" or text[:1] in ("[", "{", '"'):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return raw
+    return raw
 
 
 def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
