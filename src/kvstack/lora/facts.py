@@ -1,0 +1,102 @@
+"""The facts cache-policy rules and hot scores see about one adapter version on one engine.
+
+:data:`FACT_TYPES` is the schema rules are checked against when the config loads; the manager
+builds an :class:`AdapterFacts` per candidate when it plans an eviction or a demotion sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvstack.lora.adapters import AdapterVersion
+    from kvstack.lora.residency import Entry
+    from kvstack.lora.resolver import Resolver
+    from kvstack.lora.stats import StatsTable
+    from kvstack.lora.warmup import WarmupSchedule
+
+__all__ = ["FACT_TYPES", "AdapterFacts", "FactsBuilder"]
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterFacts:
+    adapter_id: str
+    version: str
+    status: str  # active, canary, staged, deprecated, disabled
+    canary_percent: float
+    tenant_id: str
+    tenant_priority: str  # platinum, gold, standard, ...
+    rank: int
+    size_bytes: int
+    tier: str  # hot or warm: where it is on this engine now
+    in_flight: int  # requests using it on this engine
+    qps_10m: float  # decayed request rate on this engine
+    no_request_for_minutes: float
+    error_rate_after_load: float  # failed / all requests since it was last loaded here
+    scheduled_warmup: bool  # a scheduled warmup window covers it now
+    is_current: bool  # the stable or canary target of its adapter
+
+    def as_fields(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+FACT_TYPES: dict[str, type] = {
+    "adapter_id": str,
+    "version": str,
+    "status": str,
+    "canary_percent": float,
+    "tenant_id": str,
+    "tenant_priority": str,
+    "rank": int,
+    "size_bytes": int,
+    "tier": str,
+    "in_flight": int,
+    "qps_10m": float,
+    "no_request_for_minutes": float,
+    "error_rate_after_load": float,
+    "scheduled_warmup": bool,
+    "is_current": bool,
+}
+
+
+class FactsBuilder:
+    """Builds :class:`AdapterFacts` from the registry view, an engine's stats and its entry."""
+
+    def __init__(self, resolver: Resolver, warmups: WarmupSchedule, window_s: float) -> None:
+        self.resolver = resolver
+        self.warmups = warmups
+        self.window_s = window_s
+
+    def of(
+        self,
+        a: AdapterVersion,
+        entry: Entry | None,
+        stats: StatsTable | None,
+        now: float,
+    ) -> AdapterFacts:
+        """Facts about ``a`` on one engine (``entry``/``stats``), or anywhere when both are None."""
+        seen = stats.peek(a.engine_name) if stats is not None else None
+        release = self.resolver.release(a.adapter_id)
+        current = self.resolver.version(a.adapter_id, a.version) or a
+        canary = release is not None and release.canary_version == a.version
+        facts = AdapterFacts(
+            adapter_id=a.adapter_id,
+            version=a.version,
+            status=current.status.value,
+            canary_percent=release.canary_percent if canary and release else 0.0,
+            tenant_id=a.tenant_id,
+            tenant_priority=a.priority_tier,
+            rank=a.rank,
+            size_bytes=a.size_bytes,
+            tier=entry.tier.value if entry else "cold",
+            in_flight=entry.in_flight if entry else 0,
+            qps_10m=seen.rate(now, self.window_s) if seen else 0.0,
+            no_request_for_minutes=seen.idle_minutes(now) if seen else float("inf"),
+            error_rate_after_load=seen.error_rate() if seen else 0.0,
+            scheduled_warmup=False,
+            is_current=self.resolver.is_current(a.adapter_id, a.version),
+        )
+        if self.warmups and self.warmups.active(facts.as_fields(), now):
+            facts = replace(facts, scheduled_warmup=True)
+        return facts

@@ -1,0 +1,264 @@
+"""The I/O behind residency changes: materialise (fetch, verify, place), engine load, unload,
+drop. Every load decision is audited with its phases' latency; every failure is counted by
+reason. Operations on one (engine, adapter) are serialised by a per-name lock, and the engine
+is only ever given a path this process verified (the ``unverified_load`` invariant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvstack.errors import VerificationError
+from kvstack.lora.adapters import AdapterVersion
+from kvstack.lora.audit import AuditEntry, AuditLog
+from kvstack.lora.config import EngineSpec, LoRAConfig
+from kvstack.lora.driver import EngineDriver, LoadFailed
+from kvstack.lora.metrics import LoRAMetrics
+from kvstack.lora.predict import LoadTimePredictor
+from kvstack.lora.residency import EngineCache, Entry, State, Tier
+from kvstack.lora.stats import StatsTable
+from kvstack.lora.store import ArtifactStore
+from kvstack.lora.verify import Verifier
+
+__all__ = ["MARKER_SUFFIX", "AdapterLoader", "EngineState", "remove_warm_copy"]
+
+log = logging.getLogger(__name__)
+MARKER_SUFFIX = ".verified.json"
+
+
+@dataclass
+class EngineState:
+    spec: EngineSpec
+    cache: EngineCache
+    stats: StatsTable
+    warm_dir: Path
+    engine_dir: str
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    loads: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    cold_slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+    verified: set[str] = field(default_factory=set)  # engine-side paths verified here
+
+    def lock(self, name: str) -> asyncio.Lock:
+        return self.locks.setdefault(name, asyncio.Lock())
+
+    def cold_slot(self, request_class: str, limit: int | None) -> asyncio.Semaphore | None:
+        if limit is None:
+            return None
+        return self.cold_slots.setdefault(request_class, asyncio.Semaphore(limit))
+
+    def dir_name(self, adapter: AdapterVersion) -> str:
+        return f"{adapter.engine_name}-{adapter.sha256[:12]}"
+
+
+class AdapterLoader:
+    def __init__(
+        self,
+        config: LoRAConfig,
+        store: ArtifactStore,
+        verifier: Verifier,
+        driver: EngineDriver,
+        predictor: LoadTimePredictor,
+        metrics: LoRAMetrics,
+        audit: AuditLog | None,
+        clock: Callable[[], float],
+        protected: Callable[[AdapterVersion], bool],
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.verifier = verifier
+        self.driver = driver
+        self.predictor = predictor
+        self.metrics = metrics
+        self.audit = audit
+        self.clock = clock
+        self.protected = protected
+
+    async def make_hot(
+        self, eng: EngineState, adapter: AdapterVersion, cold_slot: asyncio.Semaphore | None
+    ) -> None:
+        """Bring ``adapter`` to the hot tier on ``eng`` (idempotent). Raises LoadFailed or
+        VerificationError; the audit log and metrics have the reason either way."""
+        name, start = adapter.engine_name, self.clock()
+        async with eng.lock(name):
+            tier = eng.cache.residency(name)
+            if tier is Tier.HOT:
+                return
+            try:
+                if tier is Tier.COLD:
+                    await self._materialise_slot(eng, adapter, cold_slot)
+                await self._engine_load(eng, adapter)
+            except (LoadFailed, VerificationError) as exc:
+                await self._record_failure(eng, adapter, exc, start)
+                raise
+        elapsed = self.clock() - start
+        self.predictor.observe(eng.spec.url, tier.value, elapsed)
+        self.metrics.load_phase(adapter.adapter_id, "total", elapsed, self.protected(adapter))
+        await self._audit(eng, adapter, "load", "accept", f"from {tier.value}", elapsed)
+
+    async def make_warm(
+        self, eng: EngineState, adapter: AdapterVersion, cold_slot: asyncio.Semaphore | None
+    ) -> None:
+        """Materialise ``adapter`` on the engine host without loading it (prewarm)."""
+        start = self.clock()
+        async with eng.lock(adapter.engine_name):
+            if eng.cache.residency(adapter.engine_name) is not Tier.COLD:
+                return
+            try:
+                await self._materialise_slot(eng, adapter, cold_slot)
+            except (LoadFailed, VerificationError) as exc:
+                await self._record_failure(eng, adapter, exc, start)
+                raise
+        await self._audit(eng, adapter, "prewarm", "accept", "to warm", self.clock() - start)
+
+    async def demote(self, eng: EngineState, name: str, reason: str) -> None:
+        """Hot -> warm: unload from the engine (the cache already counts it warm)."""
+        entry = eng.cache.entries.get(name)
+        async with eng.lock(name):
+            try:
+                await self.driver.unload(eng.spec.url, name, self.config.engine_timeout_s)
+            except LoadFailed as exc:  # reconciliation will see it still loaded and retry
+                log.warning("unload of %s on %s failed: %s", name, eng.spec.url, exc)
+        if entry is not None:
+            self.metrics.eviction(
+                entry.adapter.adapter_id, "hot", reason, self.protected(entry.adapter)
+            )
+
+    async def drop(self, eng: EngineState, entry: Entry, reason: str, pinned: bool) -> None:
+        """Warm -> cold: delete the files (unloading first if the engine still has it)."""
+        if pinned:
+            self.metrics.violation("pinned_eviction")
+        async with eng.lock(entry.name):
+            if entry.tier is Tier.HOT:
+                await self.driver.unload(eng.spec.url, entry.name, self.config.engine_timeout_s)
+            eng.verified.discard(entry.path)
+            target = eng.warm_dir / Path(entry.path).name
+            await asyncio.to_thread(remove_warm_copy, target)
+        self.metrics.eviction(
+            entry.adapter.adapter_id, "warm", reason, self.protected(entry.adapter)
+        )
+
+    # -- steps ----------------------------------------------------------------------------
+
+    async def _materialise_slot(
+        self, eng: EngineState, adapter: AdapterVersion, cold_slot: asyncio.Semaphore | None
+    ) -> None:
+        path = f"{eng.engine_dir.rstrip('/')}/{eng.dir_name(adapter)}"
+        victims = eng.cache.begin_materialise(adapter, path, self.clock())
+        if victims is None:
+            raise LoadFailed(
+                "no_free_host_slot", f"every warm adapter on {eng.spec.url} is in use or pinned"
+            )
+        for victim in victims:
+            await self.drop(eng, victim, "capacity", eng.cache.is_pinned(victim, self.clock()))
+        try:
+            async with AsyncExitStack() as stack:
+                if cold_slot is not None:
+                    await stack.enter_async_context(cold_slot)
+                await self._materialise(eng, adapter, path)
+        except BaseException:
+            eng.cache.drop(adapter.engine_name)
+            raise
+        eng.cache.set_state(adapter.engine_name, State.WARM)
+        eng.stats.get(adapter.engine_name).on_load(self.clock())
+
+    async def _materialise(self, eng: EngineState, adapter: AdapterVersion, path: str) -> None:
+        self.verifier.check_compatible(adapter, eng.spec)  # before any byte moves
+        final = eng.warm_dir / Path(path).name
+        tmp = eng.warm_dir / f".{final.name}.{uuid.uuid4().hex[:8]}.tmp"
+        protected = self.protected(adapter)
+        try:
+            t0 = self.clock()
+            await asyncio.to_thread(
+                self.store.fetch, adapter.artifact_uri, tmp, self.config.max_adapter_bytes
+            )
+            t1 = self.clock()
+            await asyncio.to_thread(self.verifier.verify_for_engine, tmp, adapter, eng.spec)
+            t2 = self.clock()
+            await asyncio.to_thread(_place, tmp, final, adapter)
+        finally:
+            await asyncio.to_thread(remove_warm_copy, tmp)
+        eng.verified.add(path)
+        self.metrics.load_phase(adapter.adapter_id, "fetch", t1 - t0, protected)
+        self.metrics.load_phase(adapter.adapter_id, "verify", t2 - t1, protected)
+
+    async def _engine_load(self, eng: EngineState, adapter: AdapterVersion) -> None:
+        name, now = adapter.engine_name, self.clock()
+        entry = eng.cache.entries[name]
+        if entry.path not in eng.verified:  # cannot happen unless a bug bypassed _materialise
+            self.metrics.violation("unverified_load")
+            raise LoadFailed("unverified", f"{entry.path} was not verified by this process")
+        victims = eng.cache.begin_hot(name, now)
+        if victims is None:
+            raise LoadFailed("no_free_gpu_slot", f"every hot adapter on {eng.spec.url} is in use")
+        await asyncio.gather(*(self.demote(eng, v.name, "capacity") for v in victims))
+        try:
+            await self.driver.load(eng.spec.url, name, entry.path, self.config.engine_timeout_s)
+        except BaseException:
+            if name in eng.cache.entries:
+                eng.cache.set_state(name, State.WARM)
+            raise
+        eng.cache.set_state(name, State.HOT)
+        eng.stats.get(name).on_load(self.clock())
+        self.metrics.load_phase(
+            adapter.adapter_id, "engine_load", self.clock() - now, self.protected(adapter)
+        )
+
+    async def _record_failure(
+        self,
+        eng: EngineState,
+        adapter: AdapterVersion,
+        exc: LoadFailed | VerificationError,
+        start: float,
+    ) -> None:
+        self.metrics.load_failure(adapter.adapter_id, exc.reason, self.protected(adapter))
+        await self._audit(eng, adapter, "load", "reject", str(exc), self.clock() - start)
+
+    async def _audit(
+        self,
+        eng: EngineState,
+        adapter: AdapterVersion,
+        action: str,
+        decision: str,
+        reason: str,
+        elapsed_s: float,
+    ) -> None:
+        if self.audit is None:
+            return
+        entry = AuditEntry(
+            "manager",
+            action,
+            adapter.adapter_id,
+            adapter.version,
+            decision,
+            reason,
+            adapter.sha256,
+            elapsed_s * 1000.0,
+            eng.spec.url,
+        )
+        await self.audit.record_async(entry)
+
+
+def _place(tmp: Path, final: Path, adapter: AdapterVersion) -> None:
+    """Move verified files into place and leave a marker naming what they are."""
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    marker = {
+        "adapter_id": adapter.adapter_id,
+        "version": adapter.version,
+        "sha256": adapter.sha256,
+    }
+    Path(f"{final}{MARKER_SUFFIX}").write_text(json.dumps(marker))
+
+
+def remove_warm_copy(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+    Path(f"{path}{MARKER_SUFFIX}").unlink(missing_ok=True)

@@ -1,0 +1,292 @@
+"""The adapter cache manager: the router's one entry point for adapter residency.
+
+Per engine it tracks adapters hot (loaded), warm (verified files on the host) or cold (only in
+the artifact store), and per request decides, under the request class's cold-start budget:
+
+    decision = await manager.ensure_hot(engine_url, resolution.adapter, "interactive")
+    ... forward with model=decision.model, add decision.headers() ...
+    decision.finish(ttft_s=..., ok=..., served_model=response_model)
+
+Loads are single-flight per (engine, adapter): concurrent requests for a cold adapter share one
+load. A request that arrives while the prediction for its adapter's tier exceeds its budget is
+not made to wait: it falls back to the base model (when its tenant allows) or is refused with
+Retry-After, and a prewarm starts either way. In-flight requests keep their version: an
+adapter with requests in flight is never unloaded, and a superseded version is unloaded once
+its last request finishes. Reconciliation and sweeps live in :mod:`kvstack.lora.upkeep`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvstack.errors import LoRAError, VerificationError
+from kvstack.lora.adapters import AdapterVersion
+from kvstack.lora.audit import AuditLog
+from kvstack.lora.config import EngineSpec, LoRAConfig, RequestClassBudget
+from kvstack.lora.decision import Decision
+from kvstack.lora.driver import EngineDriver, HTTPEngineDriver, LoadFailed
+from kvstack.lora.facts import FactsBuilder
+from kvstack.lora.loader import AdapterLoader, EngineState
+from kvstack.lora.metrics import LoRAMetrics
+from kvstack.lora.policy import make_policy
+from kvstack.lora.predict import LoadTimePredictor
+from kvstack.lora.residency import EngineCache, Entry, Tier
+from kvstack.lora.resolver import Resolution, Resolver
+from kvstack.lora.rules import CacheRules
+from kvstack.lora.serving import not_now, serve
+from kvstack.lora.stats import StatsTable
+from kvstack.lora.store import ArtifactStore
+from kvstack.lora.verify import Verifier
+from kvstack.lora.warmup import WarmupSchedule
+
+__all__ = ["AdapterCacheManager", "EngineResidency"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineResidency:
+    """One engine's adapters, for the router's LoRA affinity scorer."""
+
+    url: str
+    base_model: str
+    hot: tuple[str, ...]
+    warm: tuple[str, ...]  # warm but not hot
+    loading: tuple[str, ...]
+    free_hot_slots: int
+    free_warm_slots: int
+
+
+class AdapterCacheManager:
+    def __init__(
+        self,
+        config: LoRAConfig,
+        resolver: Resolver,
+        store: ArtifactStore,
+        verifier: Verifier,
+        audit: AuditLog | None = None,
+        driver: EngineDriver | None = None,
+        clock: Callable[[], float] = time.time,
+        metrics: LoRAMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.policy_config = config.adapter_cache_policy
+        self.resolver = resolver
+        self.rules = CacheRules(self.policy_config)
+        self.clock = clock
+        self.metrics = metrics or LoRAMetrics(config.metrics_top_k)
+        self.predictor = LoadTimePredictor(config.load_time_prior_s)
+        self.warmups = WarmupSchedule(config.scheduled_warmups, clock())
+        self.facts = FactsBuilder(resolver, self.warmups, self.policy_config.qps_window_s)
+        self.driver: EngineDriver = driver or HTTPEngineDriver()
+        self.loader = AdapterLoader(
+            config,
+            store,
+            verifier,
+            self.driver,
+            self.predictor,
+            self.metrics,
+            audit,
+            clock,
+            self.is_protected,
+        )
+        self.engines: dict[str, EngineState] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        for spec in config.engines:
+            self.add_engine(spec)
+
+    # -- engines --------------------------------------------------------------------------
+
+    def add_engine(self, spec: EngineSpec) -> None:
+        policy = self.policy_config
+        warm_dir = Path(spec.warm_dir).expanduser()
+        warm_dir.mkdir(parents=True, exist_ok=True)
+        stats = StatsTable(policy.qps_window_s)
+        cache = EngineCache(
+            spec.gpu_slots or policy.gpu_slots_per_base_model,
+            spec.host_slots or policy.host_slots_per_base_model,
+            make_policy(policy, self.config.priority_weights),
+            facts=lambda entry, now: self.facts.of(entry.adapter, entry, stats, now),
+            pinned=self.rules.pinned,
+            reload_s=lambda entry, tier: self._reload_s(spec.url, entry, tier),
+        )
+        engine_dir = spec.engine_warm_dir or str(warm_dir)
+        self.engines[spec.url] = EngineState(spec, cache, stats, warm_dir, engine_dir)
+
+    def remove_engine(self, url: str) -> None:
+        self.engines.pop(url, None)
+
+    def engine(self, url: str) -> EngineState:
+        try:
+            return self.engines[url]
+        except KeyError:
+            raise LoRAError(f"unknown engine {url!r}; known: {sorted(self.engines)}") from None
+
+    # -- queries for the router -----------------------------------------------------------
+
+    def residency(self, engine_url: str, adapter_name: str) -> Tier:
+        """hot, warm or cold for ``adapter_id@version`` on an engine."""
+        return self.engine(engine_url).cache.residency(adapter_name)
+
+    def free_hot_slots(self, engine_url: str) -> int:
+        return self.engine(engine_url).cache.free_hot_slots()
+
+    def snapshot(self, engine_url: str) -> EngineResidency:
+        eng = self.engine(engine_url)
+        cache = eng.cache
+        return EngineResidency(
+            engine_url,
+            eng.spec.base_model,
+            hot=tuple(n for n in sorted(cache.entries) if cache.residency(n) is Tier.HOT),
+            warm=tuple(n for n in sorted(cache.entries) if cache.residency(n) is Tier.WARM),
+            loading=tuple(sorted(eng.loads)),
+            free_hot_slots=cache.free_hot_slots(),
+            free_warm_slots=cache.free_warm_slots(),
+        )
+
+    def predicted_load_s(self, engine_url: str, adapter_name: str) -> float:
+        return self.predictor.predict(engine_url, self.residency(engine_url, adapter_name).value)
+
+    # -- the request path -----------------------------------------------------------------
+
+    async def ensure_hot(
+        self,
+        engine_url: str,
+        adapter: AdapterVersion | Resolution,
+        request_class: str = "interactive",
+        budget_s: float | None = None,
+    ) -> Decision:
+        """Decide how a request for ``adapter`` is served on ``engine_url`` (see the module doc);
+        waits for a load only when the prediction fits the budget."""
+        if isinstance(adapter, Resolution):
+            adapter = adapter.adapter
+        eng, name, now = self.engine(engine_url), adapter.engine_name, self.clock()
+        klass = self._request_class(request_class)
+        eng.stats.get(name).on_request(now, self.policy_config.qps_window_s)
+        start = eng.cache.residency(name)
+        self.metrics.request(adapter.adapter_id, start.value, self.is_protected(adapter))
+        if start is Tier.HOT:
+            return serve(self, eng, adapter, start, 0.0, 0.0)
+        budget = budget_s if budget_s is not None else klass.cold_start_budget_s
+        predicted = self.predictor.predict(engine_url, start.value)
+        if budget is not None and predicted > budget:
+            self.prewarm_on(eng, adapter, request_class)
+            return not_now(self, eng, adapter, start, klass, "predicted_over_budget", predicted)
+        return await self._wait_for_load(
+            eng, adapter, start, klass, request_class, budget, predicted
+        )
+
+    async def _wait_for_load(
+        self,
+        eng: EngineState,
+        adapter: AdapterVersion,
+        start: Tier,
+        klass: RequestClassBudget,
+        request_class: str,
+        budget: float | None,
+        predicted: float,
+    ) -> Decision:
+        name, began = adapter.engine_name, self.clock()
+        eng.cache.add_waiter(name, +1)
+        try:
+            task = self._load_task(eng, adapter, request_class)
+            await asyncio.wait_for(asyncio.shield(task), timeout=budget)
+        except TimeoutError:
+            return not_now(self, eng, adapter, start, klass, "load_exceeded_budget", predicted)
+        except (LoadFailed, VerificationError) as exc:
+            retry = None if isinstance(exc, VerificationError) else predicted
+            return not_now(self, eng, adapter, start, klass, exc.reason, retry)
+        finally:
+            eng.cache.add_waiter(name, -1)
+        if eng.cache.residency(name) is not Tier.HOT:  # disabled or dropped meanwhile
+            return not_now(self, eng, adapter, start, klass, "unloaded_while_waiting", predicted)
+        return serve(self, eng, adapter, start, self.clock() - began, predicted)
+
+    # -- loads ----------------------------------------------------------------------------
+
+    def _load_task(
+        self, eng: EngineState, adapter: AdapterVersion, request_class: str, to: Tier = Tier.HOT
+    ) -> asyncio.Task[None]:
+        name = adapter.engine_name
+        task = eng.loads.get(name)
+        if task is not None and not task.done():
+            return task
+        klass = self._request_class(request_class)
+        slot = eng.cold_slot(request_class, klass.max_concurrent_cold_loads)
+        make = self.loader.make_hot if to is Tier.HOT else self.loader.make_warm
+        task = asyncio.create_task(make(eng, adapter, slot), name=f"lora-load:{name}")
+        eng.loads[name] = task
+        task.add_done_callback(lambda t: _forget(eng.loads, name, t))
+        return task
+
+    def prewarm_on(
+        self,
+        eng: EngineState,
+        adapter: AdapterVersion,
+        request_class: str = "background",
+        to: Tier = Tier.HOT,
+    ) -> asyncio.Task[None]:
+        """Start (or join) a load without waiting; failures are audited and counted."""
+        return self._load_task(eng, adapter, request_class, to)
+
+    async def prewarm(
+        self, adapter: AdapterVersion, engine_urls: Iterable[str] | None = None, to: Tier = Tier.HOT
+    ) -> dict[str, str]:
+        """Load ``adapter`` on the given engines (default: all serving its base model) and wait;
+        returns the outcome per engine ('ok' or the failure reason)."""
+        urls = [
+            u
+            for u in (engine_urls or self.engines)
+            if self.engine(u).spec.base_model == adapter.base_model
+        ]
+        tasks = [self.prewarm_on(self.engine(u), adapter, "background", to) for u in urls]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        outcomes = (getattr(r, "reason", repr(r)) if r is not None else "ok" for r in results)
+        return dict(zip(urls, outcomes, strict=True))
+
+    def is_protected(self, adapter: AdapterVersion) -> bool:
+        """Canary and pinned adapters are always named in metrics."""
+        release = self.resolver.release(adapter.adapter_id)
+        if release is not None and release.canary_version == adapter.version:
+            return True
+        return self.rules.pinned(self.facts.of(adapter, None, None, self.clock()))
+
+    def _reload_s(self, engine_url: str, entry: Entry, tier: Tier) -> float:
+        """Predicted time to bring an entry back if it leaves ``tier``, scaled by its size."""
+        below = "warm" if tier is Tier.HOT else "cold"
+        return self.predictor.predict(engine_url, below) * (1.0 + entry.adapter.size_bytes / 2**30)
+
+    def _request_class(self, name: str) -> RequestClassBudget:
+        klass = self.config.request_classes.get(name)
+        if klass is None:
+            raise LoRAError(
+                f"unknown request class {name!r}; known: {sorted(self.config.request_classes)}"
+            )
+        return klass
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for eng in self.engines.values():
+            for task in eng.loads.values():
+                task.cancel()
+            await asyncio.gather(*eng.loads.values(), return_exceptions=True)
+
+
+def _forget(loads: dict[str, asyncio.Task[None]], name: str, task: asyncio.Task[None]) -> None:
+    if loads.get(name) is task:
+        del loads[name]
+    if not task.cancelled():
+        task.exception()  # retrieved: its failure was audited and counted by the loader

@@ -1,0 +1,86 @@
+"""Adapter eviction policies: small strategy classes that pick a victim among candidates.
+
+The cache hands a policy only adapters it may evict (not in use, not loading, not pinned unless
+nothing else is left); the policy orders them. Both policies see the same candidates, so they
+are compared at equal memory.
+
+- ``lru``: the least recently requested adapter first (the engines' own policy; the baseline).
+- ``weighted-lru``: the lowest hot score first, ties by recency. The score weighs the decayed
+  request rate (relative to the other candidates), the time it would take to bring the adapter
+  back (relative), its tenant tier's priority, and a scheduled-warmup bonus.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvstack.lora.config import AdapterCachePolicy, HotScoreWeights
+from kvstack.lora.facts import AdapterFacts
+from kvstack.registry import Registry
+
+__all__ = [
+    "POLICIES",
+    "AdapterPolicy",
+    "Candidate",
+    "LRUPolicy",
+    "WeightedLRUPolicy",
+    "make_policy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    facts: AdapterFacts
+    last_request_at: float
+    reload_s: float  # predicted time to make it hot again if evicted
+
+
+class AdapterPolicy(ABC):
+    @abstractmethod
+    def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
+        """The candidate to evict first, or None when there is none. Pure: no side effects."""
+
+
+class LRUPolicy(AdapterPolicy):
+    def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
+        return min(candidates, key=lambda c: (c.last_request_at, c.name), default=None)
+
+
+class WeightedLRUPolicy(AdapterPolicy):
+    def __init__(self, weights: HotScoreWeights, priority_weights: Mapping[str, float]) -> None:
+        self.weights = weights
+        self.priority_weights = dict(priority_weights)
+
+    def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
+        if not candidates:
+            return None
+        max_qps = max(c.facts.qps_10m for c in candidates) or 1.0
+        max_reload = max(c.reload_s for c in candidates) or 1.0
+        return min(
+            candidates,
+            key=lambda c: (self.score(c, max_qps, max_reload), c.last_request_at, c.name),
+        )
+
+    def score(self, c: Candidate, max_qps: float, max_reload_s: float) -> float:
+        w = self.weights
+        return (
+            w.qps_10m * c.facts.qps_10m / max_qps
+            + w.ttft_penalty_if_cold * c.reload_s / max_reload_s
+            + w.tenant_priority * self.priority_weights.get(c.facts.tenant_priority, 0.0)
+            + w.scheduled_warmup * (1.0 if c.facts.scheduled_warmup else 0.0)
+        )
+
+
+PolicyFactory = Callable[[AdapterCachePolicy, Mapping[str, float]], AdapterPolicy]
+POLICIES: Registry[PolicyFactory] = Registry("adapter eviction policy")
+POLICIES.register("lru", lambda _policy, _weights: LRUPolicy())
+POLICIES.register(
+    "weighted-lru", lambda policy, weights: WeightedLRUPolicy(policy.hot_score, weights)
+)
+
+
+def make_policy(policy: AdapterCachePolicy, priority_weights: Mapping[str, float]) -> AdapterPolicy:
+    return POLICIES.get(policy.eviction_policy)(policy, priority_weights)

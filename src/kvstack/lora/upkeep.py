@@ -1,0 +1,294 @@
+"""Keeping belief true and the caches tidy, in the background.
+
+- :func:`reconcile`: asks the engine what it has loaded (``/v1/models``) and runs
+  (``vllm:lora_requests_info``) and corrects the manager's belief: an adapter the engine lost is
+  warm again, one it runs is protected, one it holds that this manager did not verify is unloaded
+  (nothing unverified stays on an engine); warm files that vanished are forgotten.
+- :func:`sweep`: applies ``demote_when`` rules one tier at a time and retires superseded versions.
+- :func:`sync_releases`: shadow-prewarms canaries on a few engines before they take traffic and
+  loads a new stable version beside the old one wherever the old one is hot.
+- :func:`run_warmups`: scheduled warmups whose window opened.
+- :class:`Upkeep` runs them all periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvstack.errors import LoRAError, VerificationError
+from kvstack.log import IncidentLogger
+from kvstack.lora.adapters import AdapterVersion, Status
+from kvstack.lora.loader import MARKER_SUFFIX, EngineState, remove_warm_copy
+from kvstack.lora.residency import Entry, State, Tier
+
+if TYPE_CHECKING:
+    from kvstack.lora.manager import AdapterCacheManager
+
+__all__ = [
+    "ReconcileReport",
+    "Upkeep",
+    "adopt_warm_dir",
+    "reconcile",
+    "retire",
+    "run_warmups",
+    "sweep",
+    "sync_releases",
+]
+
+log = logging.getLogger(__name__)
+_incidents = IncidentLogger(log)
+
+
+@dataclass
+class ReconcileReport:
+    engine: str
+    lost_hot: list[str] = field(default_factory=list)  # believed hot, not loaded: now warm
+    adopted_hot: list[str] = field(default_factory=list)  # loaded and verified here: now hot
+    unloaded: list[str] = field(default_factory=list)  # loaded but not ours or over capacity
+    lost_warm: list[str] = field(default_factory=list)  # files gone: now cold
+    busy: list[str] = field(default_factory=list)  # reported running or waiting
+
+
+async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport:
+    url, timeout = eng.spec.url, m.config.engine_timeout_s
+    loaded = await m.driver.adapters(url, timeout)
+    info = await m.driver.lora_info(url, timeout)
+    report, now = ReconcileReport(url), m.clock()
+    busy = (info.running | info.waiting) if info is not None else frozenset()
+    for entry in eng.cache:
+        if entry.name in busy:
+            entry.busy_until = now + 2 * m.config.reconcile_interval_s
+            report.busy.append(entry.name)
+        if eng.lock(entry.name).locked():  # a load or unload of it is under way
+            continue
+        if entry.state is State.HOT and entry.name not in loaded and entry.name not in eng.loads:
+            eng.cache.set_state(entry.name, State.WARM)
+            report.lost_hot.append(entry.name)
+        if entry.state is State.WARM and not (eng.warm_dir / Path(entry.path).name).is_dir():
+            eng.cache.drop(entry.name)
+            eng.verified.discard(entry.path)
+            report.lost_warm.append(entry.name)
+    for name, path in loaded.items():
+        known = eng.cache.entries.get(name)
+        if known is not None and known.state in (State.HOT, State.LOADING):
+            continue
+        if eng.lock(name).locked():  # a load or unload of it is under way; look next time
+            continue
+        ours = known is not None and known.path == path and path in eng.verified
+        if ours and eng.cache.free_hot_slots() > 0 and name not in eng.loads:
+            eng.cache.set_state(name, State.HOT)
+            report.adopted_hot.append(name)
+        elif name not in eng.loads:
+            await m.driver.unload(url, name, timeout)
+            report.unloaded.append(name)
+    if any((report.lost_hot, report.adopted_hot, report.unloaded, report.lost_warm)):
+        log.info("reconciled %s: %s", url, report)
+    return report
+
+
+async def adopt_warm_dir(m: AdapterCacheManager, eng: EngineState) -> list[str]:
+    """After a restart: keep warm files that re-verify against the registry, delete the rest
+    (leftover temp dirs, disabled or unknown versions, anything without a marker)."""
+    adopted = []
+    for path in sorted(eng.warm_dir.iterdir()):
+        if path.name.endswith(MARKER_SUFFIX):
+            continue
+        adapter = _marked_adapter(m, path)
+        ok = adapter is not None and adapter.engine_name not in eng.cache.entries
+        if ok and adapter is not None and eng.cache.free_warm_slots() > 0:
+            try:
+                await asyncio.to_thread(
+                    m.loader.verifier.verify_for_engine, path, adapter, eng.spec
+                )
+            except VerificationError as exc:
+                log.warning("warm copy %s no longer verifies: %s", path, exc)
+            else:
+                engine_path = f"{eng.engine_dir.rstrip('/')}/{path.name}"
+                eng.cache.adopt(adapter, engine_path, State.WARM)
+                eng.verified.add(engine_path)
+                adopted.append(adapter.engine_name)
+                continue
+        await asyncio.to_thread(remove_warm_copy, path)
+    return adopted
+
+
+def _marked_adapter(m: AdapterCacheManager, path: Path) -> AdapterVersion | None:
+    try:
+        marker = json.loads(Path(f"{path}{MARKER_SUFFIX}").read_text())
+        adapter = m.resolver.version(str(marker["adapter_id"]), str(marker["version"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if (
+        adapter is None
+        or adapter.status is Status.DISABLED
+        or adapter.sha256 != marker.get("sha256")
+    ):
+        return None
+    return adapter if path.name.startswith(f"{adapter.engine_name}-") else None
+
+
+async def retire(m: AdapterCacheManager, eng: EngineState, entry: Entry) -> None:
+    """Unload a superseded version once unused; drop a disabled one's files as well."""
+    adapter = entry.adapter
+    if m.resolver.is_current(adapter.adapter_id, adapter.version):
+        return
+    if eng.cache.entries.get(entry.name) is not entry or eng.cache.is_protected(entry, m.clock()):
+        return
+    known = m.resolver.version(adapter.adapter_id, adapter.version)
+    if known is None or known.status is Status.DISABLED:
+        eng.cache.drop(entry.name)
+        await m.loader.drop(eng, entry, "disabled", pinned=False)
+    elif entry.state is State.HOT:
+        eng.cache.set_state(entry.name, State.WARM)
+        await m.loader.demote(eng, entry.name, "superseded")
+
+
+async def sweep(m: AdapterCacheManager, eng: EngineState) -> list[tuple[str, str]]:
+    """One demotion step per matching entry; returns (name, rule or reason) for each."""
+    done: list[tuple[str, str]] = []
+    now = m.clock()
+    for entry in eng.cache:
+        if entry.state not in (State.HOT, State.WARM) or eng.cache.is_protected(entry, now):
+            continue
+        if not m.resolver.is_current(entry.adapter.adapter_id, entry.adapter.version):
+            await retire(m, eng, entry)
+            done.append((entry.name, "superseded"))
+            continue
+        facts = m.facts.of(entry.adapter, entry, eng.stats, now)
+        rule = None if m.rules.pinned(facts) else m.rules.should_demote(facts)
+        if rule is None:
+            continue
+        if entry.state is State.HOT:
+            eng.cache.set_state(entry.name, State.WARM)
+            await m.loader.demote(eng, entry.name, "rule")
+        else:
+            eng.cache.drop(entry.name)
+            await m.loader.drop(eng, entry, "rule", pinned=False)
+        done.append((entry.name, rule))
+    return done
+
+
+def sync_releases(m: AdapterCacheManager) -> list[tuple[str, str]]:
+    """Start the prewarms releases call for; returns (engine, adapter) for each started."""
+    started: list[tuple[str, str]] = []
+    for canary in _canaries(m):
+        engines = _engines_for(m, canary)
+        have = [e for e in engines if _hot_or_loading(e, canary.engine_name)]
+        for eng in _prefer_stable_hot(m, engines, canary)[
+            : max(0, m.config.canary_prewarm_engines - len(have))
+        ]:
+            if not _hot_or_loading(eng, canary.engine_name):
+                m.prewarm_on(eng, canary)
+                started.append((eng.spec.url, canary.engine_name))
+    for current in m.resolver.current_versions():
+        for eng in _engines_for(m, current):
+            old_hot = any(
+                e.adapter.adapter_id == current.adapter_id
+                and e.state is State.HOT
+                and e.adapter.version != current.version
+                for e in eng.cache
+            )
+            if old_hot and not _hot_or_loading(eng, current.engine_name):
+                m.prewarm_on(eng, current)
+                started.append((eng.spec.url, current.engine_name))
+    return started
+
+
+def run_warmups(m: AdapterCacheManager) -> list[tuple[str, str]]:
+    """Prewarm (to the warm tier) what scheduled warmups that just opened select."""
+    started: list[tuple[str, str]] = []
+    now = m.clock()
+    for rule in m.warmups.due(now):
+        for adapter in m.resolver.current_versions():
+            if not rule(m.facts.of(adapter, None, None, now).as_fields()):
+                continue
+            for eng in _engines_for(m, adapter):
+                m.prewarm_on(eng, adapter, to=Tier.WARM)
+                started.append((eng.spec.url, adapter.engine_name))
+    return started
+
+
+def _canaries(m: AdapterCacheManager) -> list[AdapterVersion]:
+    out = []
+    for adapter_id in {v.adapter_id for v in m.resolver.current_versions()}:
+        release = m.resolver.release(adapter_id)
+        if release is not None and release.canary_version is not None:
+            version = m.resolver.version(adapter_id, release.canary_version)
+            if version is not None:
+                out.append(version)
+    return out
+
+
+def _engines_for(m: AdapterCacheManager, adapter: AdapterVersion) -> list[EngineState]:
+    return [e for e in m.engines.values() if e.spec.base_model == adapter.base_model]
+
+
+def _hot_or_loading(eng: EngineState, name: str) -> bool:
+    return eng.cache.residency(name) is Tier.HOT or name in eng.loads
+
+
+def _prefer_stable_hot(
+    m: AdapterCacheManager, engines: list[EngineState], canary: AdapterVersion
+) -> list[EngineState]:
+    release = m.resolver.release(canary.adapter_id)
+    stable = f"{canary.adapter_id}@{release.stable_version}" if release else ""
+    return sorted(
+        engines,
+        key=lambda e: (
+            e.cache.residency(stable) is not Tier.HOT,
+            -e.cache.free_hot_slots(),
+            e.spec.url,
+        ),
+    )
+
+
+class Upkeep:
+    """Runs refresh, release sync, warmups, reconciliation and sweeps periodically."""
+
+    def __init__(self, manager: AdapterCacheManager, refresh_registry: bool = True) -> None:
+        self.m = manager
+        self.refresh_registry = refresh_registry
+        self._task: asyncio.Task[None] | None = None
+        self._last_sweep = 0.0
+        self._adopted = False
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name="lora-upkeep")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run(self) -> None:
+        while True:
+            await self.once()
+            await asyncio.sleep(self.m.config.reconcile_interval_s)
+
+    async def once(self) -> None:
+        m = self.m
+        if self.refresh_registry:
+            await m.resolver.refresh_async()
+        if not self._adopted:
+            self._adopted = True
+            for eng in list(m.engines.values()):
+                await adopt_warm_dir(m, eng)
+        sync_releases(m)
+        run_warmups(m)
+        sweep_due = m.clock() - self._last_sweep >= m.policy_config.demote_interval_s
+        for eng in list(m.engines.values()):
+            try:
+                await reconcile(m, eng)
+                if sweep_due:
+                    await sweep(m, eng)
+            except LoRAError as exc:  # an engine down must not stop the others' upkeep
+                _incidents.warning(
+                    f"upkeep:{eng.spec.url}", "upkeep of %s failed: %s", eng.spec.url, exc
+                )
+        if sweep_due:
+            self._last_sweep = m.clock()

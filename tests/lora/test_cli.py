@@ -1,0 +1,139 @@
+"""``kvstack adapters``: the whole release cycle from a shell, configured by environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvstack.lora.cli import run
+from tests.lora.adapters import TINY_DIMS, synthetic_adapter
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "config.json").write_text(
+        json.dumps(
+            {
+                "hidden_size": TINY_DIMS.hidden_size,
+                "intermediate_size": TINY_DIMS.intermediate_size,
+                "num_hidden_layers": TINY_DIMS.num_layers,
+                "num_attention_heads": TINY_DIMS.num_heads,
+                "num_key_value_heads": TINY_DIMS.num_kv_heads,
+                "head_dim": TINY_DIMS.head_dim,
+            }
+        )
+    )
+    (tmp_path / "sources").mkdir()
+    values = {
+        "KVSTACK_LORA_REGISTRY_URL": f"sqlite:///{tmp_path / 'reg.db'}",
+        "KVSTACK_LORA_ARTIFACT_STORE": f"file://{tmp_path / 'store'}",
+        "KVSTACK_LORA_SOURCE_ALLOWLIST": json.dumps([(tmp_path / "sources").as_uri() + "/"]),
+        "KVSTACK_LORA_TRUSTED_KEYS": json.dumps([str(tmp_path / "keys" / "signing-key.pub.pem")]),
+        "KVSTACK_LORA_BASE_MODELS": json.dumps({"toy": {"path": str(base)}}),
+    }
+    for key, value in values.items():
+        monkeypatch.setenv(key, value)
+    return values
+
+
+def test_release_cycle(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def cli(*argv: str) -> str:
+        assert run("adapters", list(argv)) == 0, capsys.readouterr().err
+        return capsys.readouterr().out
+
+    assert "signing-key.pem" in cli("keygen", "--out", str(tmp_path / "keys"))
+    for version, seed in (("v1", 1), ("v2", 2)):
+        src = synthetic_adapter(tmp_path / "sources" / version, seed=seed)
+        out = cli(
+            "register",
+            str(src),
+            "--id",
+            "acme-support",
+            "--version",
+            version,
+            "--base-model",
+            "toy",
+            "--tenant",
+            "acme",
+            "--tier",
+            "gold",
+        )
+        assert out.startswith(f"registered acme-support@{version}")
+        cli("sign", f"acme-support@{version}", "--key", str(tmp_path / "keys" / "signing-key.pem"))
+    assert "verified acme-support@v2" in cli("verify", "acme-support@v2")
+    listing = cli("list")
+    assert "acme-support@v1" in listing and "active" in listing and "staged" in listing
+    assert json.loads(cli("canary", "acme-support@v2", "--percent", "25"))["canary_percent"] == 25
+    assert json.loads(cli("promote", "acme-support@v2"))["stable_version"] == "v2"
+    assert json.loads(cli("rollback", "acme-support"))["stable_version"] == "v1"
+    assert json.loads(cli("disable", "acme-support@v2"))["stable_version"] == "v1"
+    shown = json.loads(cli("show", "acme-support"))
+    assert [v["status"] for v in shown["versions"]] == ["active", "disabled"]
+    audit = cli("audit", "acme-support")
+    for action in ("register", "sign", "verify", "canary", "promote", "rollback", "disable"):
+        assert action in audit
+
+
+def test_rejections_name_the_reason(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = synthetic_adapter(tmp_path / "elsewhere")
+    register = [
+        "register",
+        str(src),
+        "--id",
+        "x",
+        "--version",
+        "1",
+        "--base-model",
+        "toy",
+        "--tenant",
+        "t",
+        "--tier",
+        "gold",
+    ]
+    assert run("adapters", register) == 1  # the trusted key file does not exist yet
+    assert "lora.trusted_keys: cannot load" in capsys.readouterr().err
+    assert run("adapters", ["keygen", "--out", str(tmp_path / "keys")]) == 0
+    capsys.readouterr()
+    code = run(
+        "adapters",
+        [
+            "register",
+            str(src),
+            "--id",
+            "x",
+            "--version",
+            "1",
+            "--base-model",
+            "toy",
+            "--tenant",
+            "t",
+            "--tier",
+            "gold",
+        ],
+    )
+    assert code == 1 and "source_not_allowed" in capsys.readouterr().err
+    assert run("adapters", ["promote", "nope"]) == 1
+    assert "not ID@VERSION" in capsys.readouterr().err
+
+
+def test_kvstack_command_dispatches(env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kvstack", "adapters", "list"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ADAPTER@VERSION")
