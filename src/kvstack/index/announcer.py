@@ -78,6 +78,7 @@ class Announcer:
         self._mirror: dict[str, set[ChunkKey]] = {t.name: set() for t in self._tiers}
         self._pending: dict[tuple[str, ChunkKey], bool] = {}  # (tier, key) -> stored?
         self._cond = threading.Condition()
+        self._report_lock = threading.Lock()
         self._need_sync = True
         self._epoch = ""
         self._stopped = False
@@ -138,10 +139,11 @@ class Announcer:
 
     def _report(self) -> None:
         try:
-            if self._need_sync:
-                self._full_sync()
-            else:
-                self._send_pending()
+            with self._report_lock:  # one report at a time (the thread, or a caller's flush)
+                if self._need_sync:
+                    self._full_sync()
+                else:
+                    self._send_pending()
         except Exception as exc:  # network, HTTP status, a dead index: retried next round
             self._incidents.warning(
                 "index", "announcer: index %s unreachable (%r); retrying", self._client.url, exc

@@ -9,7 +9,7 @@ turn into a miss (and delete the value).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.format import (
@@ -28,6 +28,7 @@ __all__ = [
     "HEADER_BYTES",
     "EncodedChunk",
     "PayloadTarget",
+    "ReadResult",
     "check_header",
     "decode_payload",
     "encode_chunk",
@@ -36,6 +37,19 @@ __all__ = [
     "payload_target",
     "tensor_for",
 ]
+
+
+Outcome = Literal["hit", "miss", "mismatch", "corrupt", "moved"]
+
+
+class ReadResult(NamedTuple):
+    """One chunk read from a remote: ``hit`` (``chunk`` holds it), ``miss``, ``mismatch``
+    (stored with another dtype or shape), ``corrupt`` (dropped; ``detail`` says why) or
+    ``moved`` (a Redis Cluster slot moved)."""
+
+    outcome: Outcome
+    chunk: torch.Tensor | None = None  # the tensor read into (``out`` or a new one)
+    detail: str = ""
 
 
 class EncodedChunk(NamedTuple):

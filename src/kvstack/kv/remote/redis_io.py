@@ -9,13 +9,13 @@ foreign layout, a corrupt value or a per-key error such as ``MOVED``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal, NamedTuple
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.remote.codec import (
     HEADER_BYTES,
     EncodedChunk,
+    ReadResult,
     check_header,
     decode_payload,
     fits,
@@ -26,14 +26,6 @@ from kvstack.kv.remote.resp import RespConnection, RespError, pack_command, pack
 from kvstack.kv.tensors import torch
 
 __all__ = ["ReadResult", "delete_batch", "exists_batch", "read_batch", "touch_batch", "write_batch"]
-
-Outcome = Literal["hit", "miss", "mismatch", "corrupt", "moved"]
-
-
-class ReadResult(NamedTuple):
-    outcome: Outcome
-    chunk: torch.Tensor | None = None  # the tensor read into (``out`` or a new one)
-    detail: str = ""
 
 
 def read_batch(

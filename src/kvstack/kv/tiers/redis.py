@@ -23,8 +23,7 @@ from kvstack.errors import TierError
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.remote import redis_io
 from kvstack.kv.remote.breaker import CircuitBreaker
-from kvstack.kv.remote.codec import encode_chunk
-from kvstack.kv.remote.redis_io import ReadResult
+from kvstack.kv.remote.codec import ReadResult, encode_chunk
 from kvstack.kv.remote.redis_nodes import NodeAddress, RedisNodes
 from kvstack.kv.remote.redis_url import RedisOptions, parse_redis_url
 from kvstack.kv.remote.resp import RespConnection, pack_command

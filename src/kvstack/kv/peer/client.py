@@ -1,0 +1,156 @@
+"""PeerClient: batched lookup and get against one engine's :class:`PeerServer` (blocking).
+
+Payloads are received with ``recv_into`` straight into the caller's tensors and verified
+against the header's checksum before they count as hits. A damaged payload is a miss on an
+intact connection; a damaged header (its lengths cannot be trusted) or any socket error raises,
+and the connection is discarded. Connections are pooled per server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator, Sequence
+
+from kvstack.errors import ChunkFormatError
+from kvstack.kv.keys import ChunkKey
+from kvstack.kv.peer import protocol as p
+from kvstack.kv.remote.codec import (
+    HEADER_BYTES,
+    ReadResult,
+    check_header,
+    decode_payload,
+    fits,
+    payload_target,
+    tensor_for,
+)
+from kvstack.kv.tensors import torch
+
+__all__ = ["PeerClient", "parse_address"]
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"peer address must be host:port, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+class _Connection:
+    def __init__(self, address: tuple[str, int], connect_timeout_s: float, timeout_s: float):
+        self._sock = socket.create_connection(address, timeout=connect_timeout_s)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock.settimeout(timeout_s)
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def recv_into(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = self._sock.recv_into(view[got:])
+            if not n:
+                raise ConnectionError("peer closed the connection mid-answer")
+            got += n
+
+    def recv(self, size: int) -> bytearray:
+        buf = bytearray(size)
+        self.recv_into(memoryview(buf))
+        return buf
+
+    def skip(self, size: int) -> None:
+        scratch = memoryview(bytearray(min(size, 1 << 20)))
+        while size:
+            take = min(size, len(scratch))
+            self.recv_into(scratch[:take])
+            size -= take
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+class PeerClient:
+    def __init__(
+        self,
+        address: str,
+        connect_timeout_s: float = 0.5,
+        timeout_s: float = 2.0,
+        max_idle: int = 4,
+    ) -> None:
+        self.address = address
+        self._target = parse_address(address)
+        self.connect_timeout_s = connect_timeout_s
+        self.timeout_s = timeout_s
+        self.max_idle = max_idle
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[_Connection]:
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is None:
+            conn = _Connection(self._target, self.connect_timeout_s, self.timeout_s)
+        try:
+            yield conn
+        except BaseException:
+            conn.close()
+            raise
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        with self._connection() as conn:
+            conn.send(p.pack_request(p.LOOKUP, list(keys)))
+            answer = self._answer(conn, len(keys))
+            if answer.status != p.OK:
+                return [False] * len(keys)
+            return [flag == 1 for flag in conn.recv(len(keys))]
+
+    def get(
+        self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor | None]
+    ) -> list[ReadResult] | None:
+        """Read chunks into ``outs`` (a new tensor where None); None if the server is busy."""
+        with self._connection() as conn:
+            conn.send(p.pack_request(p.GET, list(keys)))
+            if self._answer(conn, len(keys)).status == p.BUSY:
+                return None
+            return [self._read_one(conn, k, o) for k, o in zip(keys, outs, strict=True)]
+
+    def _answer(self, conn: _Connection, num_keys: int) -> p.Answer:
+        answer = p.parse_answer(conn.recv(p.ANSWER.size))
+        if answer.status == p.BAD_REQUEST:
+            raise p.ProtocolError(f"peer {self.address}: {conn.recv(answer.num).decode()}")
+        if answer.num != num_keys:
+            raise p.ProtocolError(f"peer {self.address} answered {answer.num} of {num_keys} keys")
+        return answer
+
+    def _read_one(self, conn: _Connection, key: ChunkKey, out: torch.Tensor | None) -> ReadResult:
+        if not conn.recv(1)[0]:
+            return ReadResult("miss")
+        try:
+            header = check_header(conn.recv(HEADER_BYTES), key)
+        except ChunkFormatError as exc:
+            raise p.ProtocolError(f"peer {self.address} sent a bad chunk header: {exc}") from None
+        tensor = tensor_for(header) if out is None else out
+        if not fits(header, tensor):
+            conn.skip(header.stored_bytes)
+            return ReadResult("mismatch")
+        target = payload_target(header, tensor)
+        conn.recv_into(target.view)
+        try:
+            decode_payload(header, target, tensor)
+        except ChunkFormatError as exc:
+            return ReadResult("corrupt", detail=str(exc))
+        return ReadResult("hit", tensor)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
