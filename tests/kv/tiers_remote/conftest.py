@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kv.tiers_remote.servers import MotoS3, RedisServer
+from tests.kv.tiers_remote.servers import MotoS3, RedisCluster, RedisServer
 
 MOTO_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -55,3 +55,11 @@ def s3_url(moto_server: MotoS3) -> str:
     """A fresh bucket (created by the tier) on the session's moto server."""
     bucket = f"kv-{uuid.uuid4().hex[:12]}"
     return f"s3://{bucket}/kv?endpoint_url={moto_server.endpoint}&create_bucket=true"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    """Three masters on loopback (tests isolate themselves by key prefix)."""
+    cluster = RedisCluster(tmp_path_factory.mktemp("redis-cluster")).start()
+    yield cluster
+    cluster.stop()

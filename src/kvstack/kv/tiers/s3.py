@@ -272,7 +272,7 @@ class S3Tier(Tier):
 
     def remove(self, key: ChunkKey) -> bool:
         queued = self._writer.discard(key)
-        existed = bool(self._each("remove", [key], self._delete))
+        existed = (self._each("remove", [key], self._delete) or [False])[0]
         if queued or existed:
             self._emit(TierEvent("removed", self.name, key, reason="removed"))
         return queued or existed
