@@ -95,8 +95,10 @@ class Pipeline:
                     totals[backend_id] += w.weight * value
         ranked = sorted((Candidate(b, totals[b.id]) for b in backends), key=lambda c: -c.score)
         chosen = self.picker.pick(request, ranked)
-        reason = self._reason(chosen, ranked, results)
+        reason, tie_note = self._reason(chosen, ranked, results)
         notes = tuple(f"{w.scorer.name}={r.note}" for w, r in results if r.note)
+        if tie_note:
+            notes += (tie_note,)
         return Decision(chosen.backend, reason, chosen.score, len(backends), notes)
 
     def _reason(
@@ -104,18 +106,24 @@ class Pipeline:
         chosen: Candidate,
         ranked: Sequence[Candidate],
         results: Sequence[tuple[WeightedScorer, ScoreResult]],
-    ) -> str:
-        others = [c for c in ranked if c.backend.id != chosen.backend.id]
-        if chosen.score <= max(c.score for c in others) + _EPS:
-            return self.picker.tie_reason
+    ) -> tuple[str, str]:
+        """(reason, tie note): the scorer that beat the best lower-scored candidate by the
+        widest weighted margin; the picker's tie-break when nothing scored lower."""
+        if chosen.score < ranked[0].score - _EPS:  # a randomising picker took a lower one
+            return self.picker.tie_reason, ""
+        num_tied = sum(1 for c in ranked if c.score >= chosen.score - _EPS)
+        tie_note = f"tie={self.picker.tie_reason}/{num_tied}" if num_tied > 1 else ""
+        runner_up = next((c for c in ranked if c.score < chosen.score - _EPS), None)
+        if runner_up is None:
+            return self.picker.tie_reason, ""
         best_name, best_margin = self.picker.tie_reason, _EPS
         for w, result in results:
             mine = result.scores.get(chosen.backend.id, 0.0)
-            theirs = max(result.scores.get(c.backend.id, 0.0) for c in others)
+            theirs = result.scores.get(runner_up.backend.id, 0.0)
             margin = w.weight * (mine - theirs)
             if margin > best_margin:
                 best_name, best_margin = w.scorer.name, margin
-        return best_name
+        return best_name, tie_note
 
 
 def eligible_backends(

@@ -132,8 +132,13 @@ class Relay:
             resp.close()
             if resp.content_type == "text/event-stream":
                 message = f"backend {exchange.backend} failed mid-stream: {outcome}"
-                await send({"type": "http.response.body", "body": sse_error_event(message),
-                            "more_body": True})  # fmt: skip
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": sse_error_event(message),
+                        "more_body": True,
+                    }
+                )
         except BaseException:
             resp.close()
             raise

@@ -37,10 +37,16 @@ _STREAM_CHUNKS = 4
 def _response(status: bytes, body: bytes, content_type: bytes = b"application/json") -> bytes:
     return b"".join(
         (
-            b"HTTP/1.1 ", status, b"\r\ncontent-type: ", content_type,
-            b"\r\ncontent-length: ", str(len(body)).encode(), b"\r\n\r\n", body,
+            b"HTTP/1.1 ",
+            status,
+            b"\r\ncontent-type: ",
+            content_type,
+            b"\r\ncontent-length: ",
+            str(len(body)).encode(),
+            b"\r\n\r\n",
+            body,
         )
-    )  # fmt: skip
+    )
 
 
 def _stream_response(model: str) -> bytes:
@@ -49,8 +55,12 @@ def _stream_response(model: str) -> bytes:
     )
     parts = [head]
     for i in range(_STREAM_CHUNKS):
-        event = {"id": "cmpl-0", "object": "text_completion", "model": model,
-                 "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}]}  # fmt: skip
+        event = {
+            "id": "cmpl-0",
+            "object": "text_completion",
+            "model": model,
+            "choices": [{"index": 0, "text": f" t{i}", "finish_reason": None}],
+        }
         data = b"data: " + json.dumps(event).encode() + b"\n\n"
         parts.append(b"%x\r\n%s\r\n" % (len(data), data))
     done = b"data: [DONE]\n\n"

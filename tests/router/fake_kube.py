@@ -1,0 +1,140 @@
+"""A fake Kubernetes API server: pod list and watch, enough for the official client.
+
+``GET /api/v1/namespaces/{ns}/pods`` lists (with ``labelSelector`` of ``k=v`` pairs) or, with
+``watch=true``, streams JSON-lines events newer than ``resourceVersion`` until
+``timeoutSeconds``. Tests change pods with ``put``/``delete``; ``silent=True`` changes the state
+without an event (a watch that missed it), ``compact()`` makes old versions answer 410 Gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from aiohttp import web
+
+from tests.conftest import free_port
+
+
+def pod(
+    name: str,
+    ip: str = "127.0.0.1",
+    ready: bool = True,
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
+    phase: str = "Running",
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "llm",
+        "uid": f"uid-{name}",
+        "labels": labels or {"app": "vllm"},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {
+        "kind": "Pod",
+        "apiVersion": "v1",
+        "metadata": meta,
+        "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+        "status": {
+            "phase": phase,
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+class FakeKube:
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.version = 1
+        self.compacted = 0
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.events: list[tuple[int, str, dict[str, Any]]] = []
+        self.num_lists = 0
+        self._changed = asyncio.Condition()
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def put(self, obj: dict[str, Any], silent: bool = False) -> None:
+        kind = "MODIFIED" if obj["metadata"]["name"] in self.pods else "ADDED"
+        await self._change(kind, obj, silent)
+
+    async def delete(self, name: str, silent: bool = False) -> None:
+        await self._change("DELETED", self.pods[name], silent)
+
+    def compact(self) -> None:
+        self.compacted = self.version
+
+    async def _change(self, kind: str, obj: dict[str, Any], silent: bool) -> None:
+        self.version += 1
+        obj = json.loads(json.dumps(obj))
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        if kind == "DELETED":
+            self.pods.pop(obj["metadata"]["name"])
+        else:
+            self.pods[obj["metadata"]["name"]] = obj
+        if not silent:
+            self.events.append((self.version, kind, obj))
+        async with self._changed:
+            self._changed.notify_all()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[FakeKube]:
+        app = web.Application()
+        app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        try:
+            yield self
+        finally:
+            await self._runner.cleanup()
+
+    def _selected(self, obj: dict[str, Any], selector: str) -> bool:
+        labels = obj["metadata"].get("labels", {})
+        pairs = [p.split("=", 1) for p in selector.split(",") if p]
+        return all(labels.get(k) == v for k, v in pairs)
+
+    async def _pods(self, request: web.Request) -> web.StreamResponse:
+        selector = request.query.get("labelSelector", "")
+        if request.query.get("watch") in ("true", "True", "1"):
+            return await self._watch(request, selector)
+        self.num_lists += 1
+        items = [p for p in self.pods.values() if self._selected(p, selector)]
+        return web.json_response(
+            {
+                "kind": "PodList",
+                "apiVersion": "v1",
+                "metadata": {"resourceVersion": str(self.version)},
+                "items": items,
+            }
+        )
+
+    async def _watch(self, request: web.Request, selector: str) -> web.StreamResponse:
+        since = int(request.query.get("resourceVersion") or 0)
+        deadline = asyncio.get_running_loop().time() + float(request.query.get("timeoutSeconds", 5))
+        response = web.StreamResponse(headers={"content-type": "application/json"})
+        await response.prepare(request)
+        if since < self.compacted:
+            gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+            await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+            return response
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            for version, kind, obj in self.events:
+                if version > since and self._selected(obj, selector):
+                    await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
+            since = max([since] + [v for v, _, _ in self.events])
+            async with self._changed:
+                try:
+                    await asyncio.wait_for(self._changed.wait(), left)
+                except TimeoutError:
+                    break
+        return response

@@ -1,0 +1,132 @@
+"""Failures: retries before the first byte, ejection with a bounded lease, timeouts, 4xx."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from tests.router.conftest import RouterFactory, engines
+from tests.router.fake_engine import FakeEngine
+
+BODY = {"model": "toy", "prompt": "hi"}
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: object = BODY) -> tuple[int, dict]:
+    async with http.post(f"{url}/v1/completions", json=body) as resp:
+        return resp.status, {"body": await resp.json(), **resp.headers}
+
+
+async def test_5xx_before_first_byte_is_retried_elsewhere_and_the_backend_ejected(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    bad, good = FakeEngine("bad", fail_next=1000), FakeEngine("good")
+    async with engines(bad, good), run_router([bad, good], policy="round_robin") as r:
+        results = [await _post(http, r.url) for _ in range(8)]
+    assert all(status == 200 for status, _ in results)
+    assert all(h["body"]["choices"][0]["text"] == "from good" for _, h in results)
+    assert any("attempt=2" in h["x-kvstack-decision"] for _, h in results)
+    # Two failures in a row eject it (ejection.consecutive_failures = 2): no third try.
+    assert len(bad.seen) == 2
+
+
+async def test_connection_refused_is_retried_on_another_backend(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    gone, good = FakeEngine("gone"), FakeEngine("good")
+    slow_health = {"health": {"interval_s": 30}}
+    async with (
+        engines(gone, good),
+        run_router([gone, good], policy="round_robin", **slow_health) as r,
+    ):
+        await gone.stop()  # still "healthy" for the router until the next check
+        results = [await _post(http, r.url) for _ in range(4)]
+        assert [s for s, _ in results] == [200] * 4
+        assert r.router.pool.get(gone.url).ejection.is_ejected(time.monotonic())
+
+
+async def test_no_retry_left_relays_the_last_5xx_or_a_502(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    bad = FakeEngine("bad", fail_next=1000, fail_status=503)
+    async with engines(bad), run_router([bad]) as r:
+        status, headers = await _post(http, r.url)
+        assert status == 503 and headers["body"] == {"error": {"message": "boom"}}
+        await bad.stop()
+        await asyncio.sleep(0.3)  # health checks notice
+        status, headers = await _post(http, r.url)
+        assert status == 503 and headers["body"]["error"]["code"] == "no_backend"
+
+
+async def test_ejection_lease_is_bounded(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    flaky, good = FakeEngine("flaky", fail_next=2), FakeEngine("good")
+    lease = {"ejection": {"base_lease_s": 0.2, "max_lease_s": 0.4}}
+    async with engines(flaky, good), run_router([flaky, good], policy="round_robin", **lease) as r:
+        for _ in range(4):
+            await _post(http, r.url)
+        state = r.router.pool.get(flaky.url)
+        assert state.ejection.is_ejected(time.monotonic())
+        await asyncio.sleep(0.45)
+        served = {(await _post(http, r.url))[1]["x-kvstack-backend"] for _ in range(4)}
+        assert flaky.url in served  # back after the lease, and healthy again
+        assert not state.ejection.is_ejected(time.monotonic()) and state.ejection.failures == 0
+
+
+async def test_first_byte_timeout_retries_then_gives_504(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    slow, fast = FakeEngine("slow", delay_s=0.4), FakeEngine("fast")
+    timeouts = {"timeouts": {"first_byte_s": 0.1}}
+    async with engines(slow, fast), run_router([slow, fast], policy="round_robin", **timeouts) as r:
+        for _ in range(2):
+            status, headers = await _post(http, r.url)
+            assert status == 200 and headers["body"]["choices"][0]["text"] == "from fast"
+    async with (
+        engines(FakeEngine("slow", delay_s=0.4)) as (only,),
+        run_router([only], **timeouts) as r,
+    ):
+        status, headers = await _post(http, r.url)
+        assert status == 504 and headers["body"]["error"]["code"] == "timeout"
+
+
+async def test_total_timeout_cuts_a_long_stream_with_an_error_event(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    engine = FakeEngine("a", chunk_delay_s=0.1, num_chunks=50)
+    async with engines(engine), run_router([engine], timeouts={"total_s": 0.3}) as r:
+        body = {**BODY, "stream": True}
+        async with http.post(f"{r.url}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            text = await resp.text()
+        assert 'data: {"error"' in text and "total timeout" in text
+        await asyncio.sleep(0.1)
+        assert engine.disconnects == 1
+
+
+async def test_health_goes_503_when_all_backends_are_down_and_recovers(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a, b = FakeEngine("a"), FakeEngine("b")
+    async with engines(a, b), run_router([a, b]) as r:
+        async with http.get(f"{r.url}/health") as resp:
+            assert resp.status == 200 and (await resp.json())["usable"] == 2
+        a.healthy = False
+        await b.stop()
+        await _until_status(http, f"{r.url}/health", 503)
+        await b.start()  # the same port again
+        await _until_status(http, f"{r.url}/health", 200)
+        status, _ = await _post(http, r.url)
+        assert status == 200
+
+
+async def _until_status(http: aiohttp.ClientSession, url: str, status: int) -> None:
+    deadline = time.monotonic() + 3
+    while True:
+        async with http.get(url) as resp:
+            if resp.status == status:
+                return
+        assert time.monotonic() < deadline, f"{url} never answered {status}"
+        await asyncio.sleep(0.05)
