@@ -7,6 +7,8 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from kvstack.lora.decision import FALLBACK_HEADER, Action
 from kvstack.lora.residency import Tier
 from kvstack.lora.upkeep import reconcile, sweep, sync_releases
@@ -228,3 +230,19 @@ async def test_demote_rules_step_one_tier(make_setup: Callable[..., Setup]) -> N
 
 def _listdir(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir())
+
+
+async def test_affinity_prefers_hot_then_warm_then_a_stable_home(
+    make_setup: Callable[..., Setup],
+) -> None:
+    s = make_setup(num_engines=2, gpu_slots=1, host_slots=2)
+    urls = ["http://engine-a", "http://engine-b"]
+    a, b = s.add("a"), s.add("b", seed=1)
+    cold = s.manager.affinity("a@1", urls)
+    assert sorted(cold.values()) == pytest.approx([0.2, 0.6])
+    assert s.manager.affinity("a@1", urls) == cold  # the same home every time
+    home = max(cold, key=cold.__getitem__)
+    (await s.manager.ensure_hot(home, a, budget_s=60)).finish()
+    assert s.manager.affinity("a@1", urls)[home] == 1.0
+    (await s.manager.ensure_hot(home, b, budget_s=60)).finish()  # a: demoted to warm
+    assert s.manager.affinity("a@1", urls)[home] == 0.8

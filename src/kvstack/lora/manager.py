@@ -18,9 +18,10 @@ its last request finishes. Reconciliation and sweeps live in :mod:`kvstack.lora.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +75,12 @@ class AdapterCacheManager:
         driver: EngineDriver | None = None,
         clock: Callable[[], float] = time.time,
         metrics: LoRAMetrics | None = None,
+        time_scale: float = 1.0,
     ) -> None:
         self.config = config
+        # Simulated engines run faster than the wall clock: budgets (in the clock's seconds)
+        # become wall-clock timeouts divided by this.
+        self.time_scale = time_scale
         self.policy_config = config.adapter_cache_policy
         self.resolver = resolver
         self.rules = CacheRules(self.policy_config)
@@ -150,6 +155,27 @@ class AdapterCacheManager:
             free_warm_slots=cache.free_warm_slots(),
         )
 
+    def affinity(self, adapter_name: str, engine_urls: Sequence[str]) -> dict[str, float]:
+        """Scores in [0, 1] for the router's LoRA affinity scorer: hot 1.0, loading 0.9, warm
+        0.8. Where it is cold, engines rank by rendezvous hashing of the adapter (0.6 for its
+        home engine down to 0.2), so a cold adapter goes to the same engine each time rather
+        than being copied onto every engine's warm tier."""
+        scores: dict[str, float] = {}
+        cold = []
+        for url in engine_urls:
+            eng = self.engines.get(url)
+            tier = eng.cache.residency(adapter_name) if eng is not None else Tier.COLD
+            if eng is not None and adapter_name in eng.loads:
+                scores[url] = 0.9
+            elif tier is not Tier.COLD:
+                scores[url] = 1.0 if tier is Tier.HOT else 0.8
+            else:
+                cold.append(url)
+        ranked = sorted(cold, key=lambda u: _rendezvous(adapter_name, u), reverse=True)
+        for i, url in enumerate(ranked):
+            scores[url] = 0.6 - 0.4 * i / max(1, len(ranked) - 1)
+        return scores
+
     def predicted_load_s(self, engine_url: str, adapter_name: str) -> float:
         return self.predictor.predict(engine_url, self.residency(engine_url, adapter_name).value)
 
@@ -196,7 +222,8 @@ class AdapterCacheManager:
         eng.cache.add_waiter(name, +1)
         try:
             task = self._load_task(eng, adapter, request_class)
-            await asyncio.wait_for(asyncio.shield(task), timeout=budget)
+            timeout = None if budget is None else budget / self.time_scale
+            await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
         except TimeoutError:
             return not_now(self, eng, adapter, start, klass, "load_exceeded_budget", predicted)
         except (LoadFailed, VerificationError) as exc:
@@ -283,6 +310,11 @@ class AdapterCacheManager:
             for task in eng.loads.values():
                 task.cancel()
             await asyncio.gather(*eng.loads.values(), return_exceptions=True)
+
+
+def _rendezvous(adapter_name: str, url: str) -> int:
+    digest = hashlib.blake2b(f"{adapter_name}\x00{url}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
 
 
 def _forget(loads: dict[str, asyncio.Task[None]], name: str, task: asyncio.Task[None]) -> None:

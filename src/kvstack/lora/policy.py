@@ -6,8 +6,9 @@ are compared at equal memory.
 
 - ``lru``: the least recently requested adapter first (the engines' own policy; the baseline).
 - ``weighted-lru``: the lowest hot score first, ties by recency. The score weighs the decayed
-  request rate (relative to the other candidates), the time it would take to bring the adapter
-  back (relative), its tenant tier's priority, and a scheduled-warmup bonus.
+  request rate (its percentile rank among the candidates), the time it would take to bring the
+  adapter back (relative to the slowest), its tenant tier's priority, and a scheduled-warmup
+  bonus.
 """
 
 from __future__ import annotations
@@ -57,21 +58,35 @@ class WeightedLRUPolicy(AdapterPolicy):
     def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
         if not candidates:
             return None
-        max_qps = max(c.facts.qps_10m for c in candidates) or 1.0
+        qps_rank = _percentile_ranks([c.facts.qps_10m for c in candidates])
         max_reload = max(c.reload_s for c in candidates) or 1.0
-        return min(
-            candidates,
-            key=lambda c: (self.score(c, max_qps, max_reload), c.last_request_at, c.name),
-        )
+        scored = [
+            (self.score(c, qps_rank[i], c.reload_s / max_reload), c.last_request_at, c.name, c)
+            for i, c in enumerate(candidates)
+        ]
+        return min(scored, key=lambda t: t[:3])[3]
 
-    def score(self, c: Candidate, max_qps: float, max_reload_s: float) -> float:
+    def score(self, c: Candidate, qps_feature: float, reload_feature: float) -> float:
         w = self.weights
         return (
-            w.qps_10m * c.facts.qps_10m / max_qps
-            + w.ttft_penalty_if_cold * c.reload_s / max_reload_s
+            w.qps_10m * qps_feature
+            + w.ttft_penalty_if_cold * reload_feature
             + w.tenant_priority * self.priority_weights.get(c.facts.tenant_priority, 0.0)
             + w.scheduled_warmup * (1.0 if c.facts.scheduled_warmup else 0.0)
         )
+
+
+def _percentile_ranks(values: Sequence[float]) -> list[float]:
+    """Each value's rank among the others in [0, 1] (ties share the lower rank). Request rates
+    under Zipf span orders of magnitude; dividing by the maximum would squash all but the top
+    few to ~0 and let the tier term decide alone, while ranks keep popularity comparable."""
+    if len(values) == 1:
+        return [1.0]
+    order = sorted(values)
+    rank: dict[float, int] = {}
+    for i, v in enumerate(order):
+        rank.setdefault(v, i)
+    return [rank[v] / (len(values) - 1) for v in values]
 
 
 PolicyFactory = Callable[[AdapterCachePolicy, Mapping[str, float]], AdapterPolicy]

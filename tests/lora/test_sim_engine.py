@@ -1,0 +1,80 @@
+"""The manager driving simulated engines (kvstack's vLLM-compatible simulator with LoRA slots)
+over HTTP: the same driver and endpoints as vLLM, cheap enough for two engines."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+
+from kvstack.lora.decision import Action
+from kvstack.lora.driver import HTTPEngineDriver
+from kvstack.lora.residency import Tier
+from kvstack.lora.upkeep import reconcile
+from kvstack.sim.config import SimConfig
+from kvstack.sim.server import FleetThread, fleet_specs
+from tests.conftest import free_port
+from tests.lora.conftest import Setup
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[FleetThread]:
+    config = SimConfig(
+        model="toy-base",
+        enable_lora=True,
+        max_loras=2,
+        max_cpu_loras=4,
+        lora_load_s=0.02,
+        num_blocks=1024,
+        max_model_len=4096,
+    )
+    base = free_port()
+    specs = fleet_specs(config, 1, base, "127.0.0.1")
+    specs += fleet_specs(config, 1, free_port(), "127.0.0.1")
+    with FleetThread(specs) as f:
+        yield f
+
+
+async def test_manager_over_simulated_engines(
+    make_setup: Callable[..., Setup], fleet: FleetThread
+) -> None:
+    s = make_setup(gpu_slots=2, host_slots=3, num_engines=2)
+    for spec, url in zip(s.manager.config.engines, fleet.urls, strict=True):
+        s.manager.remove_engine(spec.url)
+        s.manager.add_engine(spec.model_copy(update={"url": url}))
+    driver = HTTPEngineDriver()
+    s.manager.driver = s.manager.loader.driver = driver
+    adapters = [s.add(f"t{i}", seed=i) for i in range(3)]
+    url = fleet.urls[0]
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused")
+    try:
+        for a in adapters:
+            s.clock.now += 1
+            d = await s.manager.ensure_hot(url, a, budget_s=60)
+            assert (d.action, d.start) == (Action.SERVE, "cold")
+            r = await client.completions.create(model=d.model, prompt="hello there", max_tokens=4)
+            d.finish(ttft_s=0.01, served_model=r.model)
+        served = {m.id for m in (await client.models.list()).data}
+        assert served == {"toy-base", "t1@1", "t2@1"}  # t0 was unloaded for the third
+        assert s.manager.residency(url, "t0@1") is Tier.WARM
+        info = await driver.lora_info(url, 5)
+        assert info is not None and info.max_lora == 2
+        async with httpx.AsyncClient() as http:  # the engine forgets t1 behind our back
+            await http.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "t1@1"})
+        report = await reconcile(s.manager, s.manager.engine(url))
+        assert report.lost_hot == ["t1@1"] and s.manager.residency(url, "t1@1") is Tier.WARM
+        other = fleet.urls[1]
+        d = await s.manager.ensure_hot(other, adapters[0], budget_s=60)  # per-engine residency
+        assert (d.action, d.start) == (Action.SERVE, "cold")
+        d.finish()
+        assert s.manager.metrics.invariants == {
+            "pinned_eviction": 0,
+            "wrong_version": 0,
+            "unverified_load": 0,
+        }
+    finally:
+        await client.close()
+        await s.manager.aclose()
+        await driver.aclose()
