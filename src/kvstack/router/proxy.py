@@ -20,11 +20,11 @@ from kvstack.router.backends import BackendPool, BackendState
 from kvstack.router.config import RouterConfig
 from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
 from kvstack.router.plugins.base import RequestObserver
-from kvstack.router.relay import Exchange, Relay, sse_error_event
+from kvstack.router.relay import Exchange, Relay
 from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
 from kvstack.router.responses import HOP_BY_HOP, Send
 from kvstack.router.telemetry import Telemetry
-from kvstack.router.upstream import UpstreamClient, timeout
+from kvstack.router.upstream_pool import Deadline, UpstreamPool
 
 __all__ = ["PATHS", "Proxy", "observers_of"]
 
@@ -40,7 +40,7 @@ class Proxy:
         config: RouterConfig,
         pool: BackendPool,
         pipeline: Pipeline,
-        client: UpstreamClient,
+        upstreams: UpstreamPool,
         telemetry: Telemetry,
         observers: Sequence[RequestObserver] = (),
         rng: random.Random | None = None,
@@ -51,7 +51,8 @@ class Proxy:
         self.telemetry = telemetry
         self.observers = list(observers)
         self._rng = rng or random.Random()
-        self._relay = Relay(client, config.timeouts.first_byte_s, frozenset(config.retry.on_status))
+        retry_statuses = frozenset(config.retry.on_status)
+        self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
         key = config.auth.upstream_api_key
         self._upstream_auth = None if key is None else f"Bearer {key.get_secret_value()}"
         self._drop_client_auth = config.auth.api_keys_file is not None or bool(config.auth.api_keys)
@@ -61,29 +62,28 @@ class Proxy:
     ) -> None:
         """Answer ``request`` from some backend, or raise UpstreamError / NoBackendError
         (only ever before the commit point)."""
+        total = Deadline(self.config.timeouts.total_s, "total")
         try:
-            async with timeout(self.config.timeouts.total_s):
-                await self._forward(request, body, send, exchange)
-        except TimeoutError:
-            if not exchange.committed:
-                raise UpstreamError(
-                    "the request exceeded the total timeout", "timeout", 504
-                ) from None
-            self.telemetry.stream_abort("timeout")
-            if not exchange.finished:
-                exchange.finished = True
-                message = sse_error_event("the request exceeded the router's total timeout")
-                await send({"type": "http.response.body", "body": message})
+            await self._forward(request, body, send, exchange, total)
+        finally:
+            total.cancel()
 
     async def _forward(
-        self, request: RoutingRequest, body: bytes, send: Send, exchange: Exchange
+        self,
+        request: RoutingRequest,
+        body: bytes,
+        send: Send,
+        exchange: Exchange,
+        total: Deadline,
     ) -> None:
         headers = self.upstream_headers(request)
         tried: list[str] = []
         failure: UpstreamError | None = None
         for attempt in range(self.config.retry.max_attempts):
             if attempt:
-                await asyncio.sleep(self._backoff_s(attempt))
+                await asyncio.sleep(min(self._backoff_s(attempt), max(0.0, total.remaining_s())))
+            if total.expired or total.remaining_s() <= 0:
+                raise UpstreamError("the request exceeded the total timeout", "timeout", 504)
             try:
                 candidates = eligible_backends(self.pool.states(), request.target, tried)
                 decision = self.pipeline.decide(request, candidates)
@@ -95,9 +95,13 @@ class Proxy:
             exchange.attempts = attempt + 1
             self.telemetry.decision(decision.reason)
             try:
-                await self._attempt(request, body, headers, send, exchange, decision)
+                await self._attempt(request, body, headers, send, exchange, decision, total)
                 return
             except UpstreamError as exc:
+                if total.expired:
+                    raise UpstreamError(
+                        "the request exceeded the total timeout", "timeout", 504
+                    ) from None
                 failure = exc
                 self._record_failure(cast(BackendState, decision.backend), exc)
                 if attempt + 1 < self.config.retry.max_attempts:
@@ -113,6 +117,7 @@ class Proxy:
         send: Send,
         exchange: Exchange,
         decision: Decision,
+        total: Deadline,
     ) -> None:
         state = cast(BackendState, decision.backend)
         lease = state.load.acquire(request.estimated_prompt_tokens)
@@ -123,8 +128,9 @@ class Proxy:
         outcome = "cancelled"
         try:
             exchange.upstream_sent_s = time.perf_counter()
-            url = state.url + PATHS[request.endpoint]
-            opened = await self._relay.open(url, body, headers, state.id, request.stream)
+            opened = await self._relay.open(
+                state.url, PATHS[request.endpoint], headers, body, state.id, request.stream, total
+            )
             exchange.upstream_first_byte_s = time.perf_counter()
             lease.first_token()
             state.ejection.record_success()
@@ -132,7 +138,7 @@ class Proxy:
                 observer.on_first_token(
                     request, state, exchange.upstream_first_byte_s - request.arrival_s
                 )
-            outcome = await self._relay.deliver(opened, send, exchange)
+            outcome = await self._relay.deliver(opened, send, exchange, total)
             if outcome != "ok":
                 self.telemetry.stream_abort(outcome)
         except UpstreamError as exc:

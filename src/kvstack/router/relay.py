@@ -1,28 +1,31 @@
 """One attempt at one backend: send, wait for the first body byte, commit, relay the rest.
 
 Nothing reaches the client before the first body byte has arrived from the backend. Until that
-*commit point* every failure (connect error, timeout, a retryable 5xx, a dropped connection) is
-raised as an :class:`UpstreamError` for a retry elsewhere (``open``). After it, bytes are
-forwarded as they arrive (``deliver``) and a failure can only end the stream, with an SSE
-``error`` event first (the ``openai`` client raises it as an APIError). Non-streaming answers
-are read whole before the commit, so they are always retryable and go out in one write.
+*commit point* every failure (connect error, first-byte timeout, a retryable 5xx, a dropped
+connection) is raised as an :class:`UpstreamError` for a retry elsewhere (``open``). After it,
+bytes are forwarded as they arrive (``deliver``) and a failure can only end the stream, with an
+SSE ``error`` event first (the ``openai`` client raises it as an APIError). Non-streaming
+answers are read whole before the commit, so they are always retryable and go out in one write.
+A cancellation (the client left) aborts the upstream connection, so the backend stops too.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
-import aiohttp
 import msgspec
 
 from kvstack.errors import UpstreamError
 from kvstack.router.responses import HOP_BY_HOP, RawHeaders, Send
-from kvstack.router.upstream import UpstreamClient, as_upstream_error, timeout
+from kvstack.router.upstream_conn import ConnectionLostError, UpstreamConnection
+from kvstack.router.upstream_pool import Deadline, UpstreamPool, build_request
 
 __all__ = ["Exchange", "Opened", "Relay", "RetryableStatus", "sse_error_event"]
 
-_CLIENT_ERRORS = (aiohttp.ClientError, OSError, TimeoutError)
+_FAILURES = (ConnectionLostError, OSError, TimeoutError)
+_HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
 
 
 @dataclass(slots=True)
@@ -43,7 +46,8 @@ class Exchange:
 
 @dataclass(slots=True)
 class Opened:
-    response: aiohttp.ClientResponse
+    conn: UpstreamConnection
+    base_url: str
     first: bytes  # the first body bytes (the whole body when done)
     done: bool
 
@@ -62,93 +66,111 @@ def sse_error_event(message: str, kind: str = "upstream_error") -> bytes:
     return b"data: " + msgspec.json.encode(error) + b"\n\n"
 
 
-def forwardable_headers(resp: aiohttp.ClientResponse) -> RawHeaders:
-    return [
-        (k.lower(), v) for k, v in resp.raw_headers if k.decode("latin-1").lower() not in HOP_BY_HOP
-    ]
+def forwardable(headers: RawHeaders) -> RawHeaders:
+    return [(k, v) for k, v in headers if k not in _HOP_BY_HOP_BYTES]
+
+
+def as_upstream_error(exc: BaseException, backend: str) -> UpstreamError:
+    if isinstance(exc, UpstreamError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return UpstreamError(f"backend {backend}: {exc}", "timeout", 504)
+    if isinstance(exc, ConnectionLostError):
+        return UpstreamError(f"backend {backend}: {exc}", "disconnect")
+    return UpstreamError(f"backend {backend} failed: {exc}", "connect")
 
 
 class Relay:
     def __init__(
-        self, client: UpstreamClient, first_byte_s: float, retry_statuses: frozenset[int]
+        self, pool: UpstreamPool, first_byte_s: float, retry_statuses: frozenset[int]
     ) -> None:
-        self._client = client
+        self._pool = pool
         self._first_byte_s = first_byte_s
         self._retry_statuses = retry_statuses
 
     async def open(
-        self, url: str, body: bytes, headers: dict[str, str], backend: str, stream: bool
+        self,
+        base_url: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        backend: str,
+        stream: bool,
+        total: Deadline,
     ) -> Opened:
         """Send and wait for the first body byte (all of it unless streaming); may raise
-        UpstreamError (RetryableStatus for a 5xx) — nothing has reached the client then."""
-        resp: aiohttp.ClientResponse | None = None
+        UpstreamError (RetryableStatus for a 5xx): nothing has reached the client then."""
+        raw = build_request(path, urlsplit(base_url).netloc, headers, body)
+        first_byte = Deadline(self._first_byte_s, "first-byte")
+        conn: UpstreamConnection | None = None
         try:
-            async with timeout(self._first_byte_s):
-                resp = await self._client.post(url, body, headers)
-                if resp.status in self._retry_statuses:
-                    data = await resp.read()
-                    raise RetryableStatus(backend, resp.status, data, forwardable_headers(resp))
-                if stream and resp.status == 200:
-                    first = await resp.content.readany()
-                    return Opened(resp, first, resp.content.at_eof())
-                return Opened(resp, await resp.read(), True)
+            conn = await self._pool.request(base_url, raw, (first_byte, total))
+            if conn.status in self._retry_statuses:
+                data = await conn.read_all()
+                raise RetryableStatus(backend, conn.status, data, forwardable(conn.headers))
+            if stream and conn.status == 200:
+                first = await conn.read_chunk()
+                return Opened(conn, base_url, first, conn.complete and not conn.has_buffered)
+            return Opened(conn, base_url, await conn.read_all(), True)
         except RetryableStatus:
-            _close(resp)
+            self._finish(conn, base_url, total)
             raise
-        except _CLIENT_ERRORS as exc:
-            _close(resp)
+        except _FAILURES as exc:
+            if conn is not None:
+                conn.abort(ConnectionLostError("attempt failed", False))
             raise as_upstream_error(exc, backend) from None
         except BaseException:
-            _close(resp)  # cancelled: drop the connection so the backend aborts the request
+            if conn is not None:  # cancelled: the backend must see the disconnect
+                conn.abort(ConnectionLostError("request cancelled", False))
             raise
+        finally:
+            first_byte.cancel()
 
-    async def deliver(self, opened: Opened, send: Send, exchange: Exchange) -> str:
+    async def deliver(self, opened: Opened, send: Send, ex: Exchange, total: Deadline) -> str:
         """Send the answer to the client; return "ok" or why the stream was cut."""
-        resp = opened.response
-        headers = forwardable_headers(resp) + exchange.extra_headers
+        conn = opened.conn
+        headers = forwardable(conn.headers) + ex.extra_headers
         if opened.done:
             headers.append((b"content-length", b"%d" % len(opened.first)))
-        exchange.committed = True
-        exchange.status = resp.status
-        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-        exchange.client_first_byte_s = time.perf_counter()
+        ex.committed = True
+        ex.status = conn.status
+        await send({"type": "http.response.start", "status": conn.status, "headers": headers})
+        ex.client_first_byte_s = time.perf_counter()
         if opened.done:
-            exchange.finished = True
+            self._finish(conn, opened.base_url, total)
+            ex.finished = True
             await send({"type": "http.response.body", "body": opened.first})
-            resp.release()
             return "ok"
-        return await self._stream(opened, send, exchange)
+        return await self._stream(opened, send, ex, total)
 
-    async def _stream(self, opened: Opened, send: Send, exchange: Exchange) -> str:
-        resp = opened.response
+    async def _stream(self, opened: Opened, send: Send, ex: Exchange, total: Deadline) -> str:
+        conn = opened.conn
         outcome = "ok"
         chunk = opened.first
         try:
             while chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunk = await resp.content.readany()
-        except _CLIENT_ERRORS as exc:
-            outcome = as_upstream_error(exc, exchange.backend).kind
-            resp.close()
-            if resp.content_type == "text/event-stream":
-                message = f"backend {exchange.backend} failed mid-stream: {outcome}"
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": sse_error_event(message),
-                        "more_body": True,
-                    }
-                )
+                chunk = await conn.read_chunk()
+        except _FAILURES as exc:
+            outcome = as_upstream_error(exc, ex.backend).kind
+            if _is_event_stream(conn.headers):
+                message = f"backend {ex.backend} failed mid-stream ({outcome}): {exc}"
+                event = sse_error_event(message)
+                await send({"type": "http.response.body", "body": event, "more_body": True})
         except BaseException:
-            resp.close()
+            conn.abort(ConnectionLostError("request cancelled", False))
             raise
-        else:
-            resp.release()
-        exchange.finished = True
+        self._finish(conn, opened.base_url, total)
+        ex.finished = True
         await send({"type": "http.response.body", "body": b""})
         return outcome
 
+    def _finish(self, conn: UpstreamConnection | None, base_url: str, total: Deadline) -> None:
+        """Stop the request's timers on ``conn``, then pool it (or drop it if not reusable)."""
+        total.cancel()
+        if conn is not None:
+            self._pool.release(base_url, conn)
 
-def _close(resp: aiohttp.ClientResponse | None) -> None:
-    if resp is not None:
-        resp.close()
+
+def _is_event_stream(headers: RawHeaders) -> bool:
+    return any(k == b"content-type" and v.startswith(b"text/event-stream") for k, v in headers)

@@ -24,6 +24,7 @@ from kvstack.router.proxy import Proxy, observers_of
 from kvstack.router.scraper import MetricsScraper
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream import UpstreamClient
+from kvstack.router.upstream_pool import UpstreamPool
 
 __all__ = ["Router"]
 
@@ -36,7 +37,8 @@ class Router:
         rng = random.Random(config.seed)
         self.pool = BackendPool(stale_after_s=config.scrape.stale_after_s)
         self.discovery = discovery or make_discovery(config)
-        self.client = UpstreamClient(config.timeouts)
+        self.client = UpstreamClient(config.timeouts)  # control plane: health, models, metrics
+        self.upstreams = UpstreamPool(config.timeouts.connect_s)  # the proxied requests
         self.auth = ApiKeys(config.auth)
         self.telemetry = Telemetry()
         self.context = PluginContext(rng=rng)
@@ -50,7 +52,7 @@ class Router:
             config,
             self.pool,
             self.pipeline,
-            self.client,
+            self.upstreams,
             self.telemetry,
             observers_of(self.pipeline.plugins()),
             rng,
@@ -79,6 +81,7 @@ class Router:
         await self.health.close()
         await self.discovery.close()
         await self.client.close()
+        self.upstreams.close()
         self._started = False
 
     def _publish(self, backends: Sequence[Backend]) -> None:

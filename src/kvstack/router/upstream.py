@@ -1,16 +1,14 @@
-"""The one pooled HTTP client the router uses to reach backends (aiohttp, keep-alive).
+"""The control-plane HTTP client: health checks, model lists, metric scrapes (aiohttp).
 
-aiohttp rather than httpx: on this project's 2-core loopback measurement a raw ASGI proxy made
-~7,000 req/s with aiohttp as its upstream client and under 40 req/s with httpx's pooled async
-client under the same concurrency (see :mod:`kvstack.router.app`). Bodies pass through as
-bytes: no decompression, no re-encoding. Failures become :class:`UpstreamError` with a kind
-(connect, timeout, disconnect, error) the retry logic and the metrics use.
+These requests are few (a handful per backend per second), so they use aiohttp, a complete
+client, rather than the lean connection pool of the proxied path
+(:mod:`kvstack.router.upstream_pool`). Failures become :class:`UpstreamError` with a kind
+(connect, timeout, disconnect, error).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 
 import aiohttp
 
@@ -44,9 +42,6 @@ class UpstreamClient:
     def __init__(self, timeouts: TimeoutsConfig) -> None:
         self._timeouts = timeouts
         self._session: aiohttp.ClientSession | None = None
-        self._request_timeout = aiohttp.ClientTimeout(
-            total=None, connect=timeouts.connect_s, sock_connect=timeouts.connect_s
-        )
 
     async def start(self) -> None:
         if self._session is None:
@@ -67,14 +62,6 @@ class UpstreamClient:
         if self._session is None:
             raise RuntimeError("UpstreamClient.start() was not called")
         return self._session
-
-    async def post(
-        self, url: str, body: bytes, headers: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
-        """Send a request; return once the response headers arrived (caller releases it)."""
-        return await self.session.post(
-            url, data=body, headers=headers, timeout=self._request_timeout, allow_redirects=False
-        )
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         """A small GET (health, models, metrics) bounded by ``timeout_s`` in all."""

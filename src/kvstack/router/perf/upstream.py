@@ -6,7 +6,8 @@ router under test, not the upstream, dominates the measurement. It also answers 
 probe on a worker: ``/health``, ``/v1/models``, ``/metrics`` (vLLM names), ``/get_server_info``
 and ``/get_model_info``. ``stream: true`` gets a short SSE stream ending in ``data: [DONE]``.
 
-Run it as ``python -m kvstack.router.perf.upstream --port P [--model NAME]``.
+Run it as ``python -m kvstack.router.perf.upstream --port P [--port P2 ...] [--model NAME]``
+(one process can listen on several ports, standing for several workers).
 """
 
 from __future__ import annotations
@@ -145,21 +146,25 @@ class UpstreamProtocol(asyncio.Protocol):
             self._transport.write(out)
 
 
-async def serve(host: str, port: int, model: str, seen_paths: set[bytes] | None = None) -> None:
-    """Serve until cancelled."""
+async def serve(
+    host: str, ports: list[int], model: str, seen_paths: set[bytes] | None = None
+) -> None:
+    """Serve on every port until cancelled."""
     loop = asyncio.get_running_loop()
     canned = _Canned(model)
-    server = await loop.create_server(
-        lambda: UpstreamProtocol(canned, seen_paths), host, port, backlog=4096
-    )
-    async with server:
-        await server.serve_forever()
+    servers = [
+        await loop.create_server(
+            lambda: UpstreamProtocol(canned, seen_paths), host, port, backlog=4096
+        )
+        for port in ports
+    ]
+    await asyncio.gather(*(s.serve_forever() for s in servers))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvstack.router.perf.upstream")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, action="append", required=True)
     parser.add_argument("--model", default="fast-model")
     parser.add_argument("--log-paths", action="store_true", help="print each new path on stderr")
     args = parser.parse_args(argv)

@@ -1,0 +1,149 @@
+"""End to end over processes: `kvstack router` (the CLI, a YAML file) in front of three
+`kvstack sim-engine` processes, driven by the official openai client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from kvstack.stack.procs import ManagedProcess
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@dataclass
+class SimFleet:
+    router_url: str
+    engines: dict[str, ManagedProcess]  # url -> process
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.router_url}/v1", api_key="none", max_retries=0)
+
+
+def _sim(port: int, model: str, logs: Path) -> ManagedProcess:
+    argv = [sys.executable, "-m", "kvstack", "sim-engine", "--port", str(port), "--model", model]
+    proc = ManagedProcess(f"sim-{port}", argv, logs / f"sim-{port}.log").start()
+    proc.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+    return proc
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
+    logs = tmp_path_factory.mktemp("e2e-sim")
+    ports = [free_port() for _ in range(3)]
+    models = ["sim-v1", "sim-v1", "sim-v2"]
+    engines: dict[str, ManagedProcess] = {}
+    router: ManagedProcess | None = None
+    try:
+        for port, model in zip(ports, models, strict=True):
+            engines[f"http://127.0.0.1:{port}"] = _sim(port, model, logs)
+        config = logs / "router.yaml"
+        backends = "".join(f"\n    - url: {url}" for url in engines)
+        config.write_text(
+            "router:\n  policy: least_load\n  backends:" + backends + "\n"
+            "  health: {interval_s: 0.2, timeout_s: 0.5}\n"
+            "  models:\n    - name: sim\n      targets:\n"
+            "        - {model: sim-v1, weight: 80}\n        - {model: sim-v2, weight: 20}\n"
+        )
+        port = free_port()
+        argv = [sys.executable, "-m", "kvstack", "router", "--config", str(config)]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        router = ManagedProcess("router", argv, logs / "router.log").start()
+        router.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        yield SimFleet(f"http://127.0.0.1:{port}", engines)
+    finally:
+        if router is not None:
+            router.stop()
+        for proc in engines.values():
+            proc.stop()
+
+
+def test_openai_client_streams_and_not(fleet: SimFleet) -> None:
+    client = fleet.client()
+    done = client.completions.create(model="sim-v1", prompt="hello there", max_tokens=5)
+    assert done.usage is not None and done.usage.completion_tokens == 5
+    chunks = list(client.completions.create(model="sim-v1", prompt="hi", max_tokens=4, stream=True))
+    assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 4
+    chat = client.chat.completions.create(
+        model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
+    ids = {m.id for m in client.models.list().data}
+    assert ids == {"sim-v1", "sim-v2", "sim"}
+
+
+def test_canary_weights_hold_over_many_requests(fleet: SimFleet) -> None:
+    with httpx.Client() as http:
+
+        def one(i: int) -> str:
+            body = {"model": "sim", "prompt": f"q{i}", "max_tokens": 1}
+            resp = http.post(f"{fleet.router_url}/v1/completions", json=body, timeout=30)
+            assert resp.status_code == 200
+            return str(resp.json()["model"])
+
+        with ThreadPoolExecutor(8) as pool:
+            served = Counter(pool.map(one, range(300)))
+    assert 0.13 <= served["sim-v2"] / 300 <= 0.27, served  # 20% ± 7 points (σ ≈ 2.3)
+
+
+def test_killed_engine_loses_no_request_that_had_not_started_streaming(fleet: SimFleet) -> None:
+    client = fleet.client()
+    victim_url, victim = next(iter(fleet.engines.items()))
+
+    def one(i: int) -> int:
+        done = client.completions.create(model="sim-v1", prompt=f"long {i}", max_tokens=120)
+        assert done.usage is not None
+        return done.usage.completion_tokens
+
+    with ThreadPoolExecutor(12) as pool:
+        futures = [pool.submit(one, i) for i in range(12)]
+        time.sleep(0.4)  # requests are running on both sim-v1 engines
+        assert victim.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+        results = [f.result(timeout=60) for f in futures]
+    assert results == [120] * 12
+    with httpx.Client() as http:
+        health = http.get(f"{fleet.router_url}/health").json()
+        metrics = http.get(f"{fleet.router_url}/metrics").text
+    assert health["backends"][victim_url]["usable"] is False
+    # Not vacuous: requests were running on the victim and were retried elsewhere.
+    retried = [
+        line for line in metrics.splitlines() if line.startswith("kvstack_router_retries_total")
+    ]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in retried) >= 1, retried
+
+
+def test_health_is_503_when_all_engines_are_down_and_recovers(fleet: SimFleet) -> None:
+    alive = [p for p in fleet.engines.values() if p.alive()]
+    try:
+        for proc in alive:  # a hung engine answers nothing, health checks time out
+            os.kill(proc.pid or 0, signal.SIGSTOP)
+        assert _wait_health(fleet.router_url, 503)
+    finally:
+        for proc in alive:
+            os.kill(proc.pid or 0, signal.SIGCONT)
+    assert _wait_health(fleet.router_url, 200)
+    done = fleet.client().completions.create(model="sim-v2", prompt="back", max_tokens=2)
+    assert done.choices[0].text
+
+
+def _wait_health(url: str, status: int, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client() as http:
+        while time.monotonic() < deadline:
+            if http.get(f"{url}/health", timeout=5).status_code == status:
+                return True
+            time.sleep(0.1)
+    return False
