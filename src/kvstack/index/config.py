@@ -81,6 +81,9 @@ class AnnounceConfig(Section):
 
 
 class PeerServerConfig(Section):
+    enabled: bool = Field(
+        default=False, description="lend this engine's CPU/disk chunks to peer engines"
+    )
     host: str = Field(default="0.0.0.0", description="address the peer server listens on")
     port: int = Field(default=8400, ge=0, le=65535, description="port of the peer server (0: any)")
     max_streams: int = Field(
