@@ -276,3 +276,33 @@ def test_url_parameters(tmp_path: Path) -> None:
     got = tier.get(key(0))
     assert got is not None and torch.equal(got, chunk(0))
     tier.close()
+
+
+def test_queued_chunks_are_readable_and_removable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, gate = threading.Event(), threading.Event()
+    real = chunkfile.write_chunk_file
+
+    def blocked(*args: Any, **kw: Any) -> None:
+        entered.set()
+        gate.wait(30)
+        real(*args, **kw)
+
+    monkeypatch.setattr(chunkfile, "write_chunk_file", blocked)
+    tier = FileTier(tmp_path, 100 * FILE_BYTES)
+    for i in range(3):
+        assert tier.put(key(i), chunk(i))
+    assert entered.wait(10)  # chunk 0 is being written, 1 and 2 are queued
+    assert tier.contains_many([key(0), key(1), key(2), key(3)]) == [True, True, True, False]
+    out = torch.empty(SHAPE, dtype=torch.float16)
+    assert tier.get_into(key(2), out) and torch.equal(out, chunk(2))  # served from the queue
+    got = tier.get(key(0))
+    assert got is not None and torch.equal(got, chunk(0))
+    assert tier.remove(key(1)) and tier.remove(key(0))  # queued, and in flight
+    gate.set()
+    assert tier.flush(timeout_s=30)
+    assert [tier.contains(key(i)) for i in range(3)] == [False, False, True]
+    assert sorted(p.name[:8] for p in tmp_path.glob("??/*.kvc")) == [key(2).hex()[:8]]
+    tier.check_integrity()
+    tier.close()

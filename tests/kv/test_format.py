@@ -18,6 +18,7 @@ from kvstack.kv.format import (
     decompress,
     encode_header,
     parse_header,
+    payload_checksum,
 )
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, dtype_name, torch_dtype
@@ -37,12 +38,16 @@ def _chunk(
 def _write(root: Path, chunk: torch.Tensor, compression: str = "none", key: ChunkKey = KEY) -> Path:
     raw = byte_view(chunk)
     stored = compress(raw, compression)
-    header = encode_header(
-        key, dtype_name(chunk.dtype), tuple(chunk.shape), stored, len(raw), compression
-    )
+    dtype, shape = dtype_name(chunk.dtype), tuple(chunk.shape)
+
+    def header_for(checksum: int) -> bytes:
+        return encode_header(key, dtype, shape, stored, len(raw), compression, checksum)
+
     path = chunkfile.chunk_path(root, key)
     (root / chunkfile.TMP_DIR).mkdir(parents=True, exist_ok=True)
-    chunkfile.write_chunk_file(path, chunkfile.temp_path(root, key), header, stored, fsync=False)
+    chunkfile.write_chunk_file(
+        path, chunkfile.temp_path(root, key), stored, header_for, fsync=False
+    )
     return path
 
 
@@ -53,6 +58,14 @@ def _read(path: Path, like: torch.Tensor, key: ChunkKey = KEY) -> torch.Tensor:
         assert header.dtype == dtype_name(like.dtype) and header.shape == tuple(like.shape)
         chunkfile.read_payload_into(f, header, byte_view(out))
     return out
+
+
+def test_checksum_computed_while_writing_matches_the_payload(tmp_path: Path) -> None:
+    chunk = _chunk(torch.float32, (3, 2, 700, 2, 64))  # several I/O blocks and a partial one
+    path = _write(tmp_path, chunk)
+    header = parse_header(path.read_bytes()[:HEADER_BYTES], KEY)
+    assert header.checksum == payload_checksum(byte_view(chunk))
+    assert torch.equal(_read(path, chunk), chunk)
 
 
 @pytest.mark.parametrize("dtype", [torch_dtype(name) for name in DTYPES])

@@ -89,8 +89,10 @@ def encode_header(
     stored: bytes | bytearray | memoryview,
     raw_bytes: int,
     compression: str = "none",
+    checksum: int | None = None,
 ) -> bytes:
-    """Header bytes for a payload ``stored`` (already compressed if ``compression`` says so)."""
+    """Header bytes for a payload ``stored`` (already compressed if ``compression`` says so);
+    ``checksum`` is the payload's XXH3-64 when the caller computed it already."""
     if dtype not in DTYPES:
         raise ValueError(f"unsupported KV dtype {dtype!r}; supported: {', '.join(DTYPES)}")
     if compression not in COMPRESSIONS:
@@ -105,7 +107,7 @@ def encode_header(
         len(shape),
         len(stored),
         raw_bytes,
-        payload_checksum(stored),
+        payload_checksum(stored) if checksum is None else checksum,
         key,
         *shape,
         *([0] * (MAX_NDIM - len(shape))),

@@ -1,10 +1,11 @@
 """Chunk files on disk: atomic writes, verified reads, directory scans (used by ``file://``).
 
 A chunk lives in ``<root>/<first two hex digits of the key>/<key hex>.kvc`` in the format of
-:mod:`kvstack.kv.format`. Writers fill ``<root>/.tmp/<key hex>.<pid>.<random>.tmp`` and rename
-it into place (after ``fsync`` if asked), so no reader and no crash ever sees a partial file
-under a final name. Readers check the header, the file size and the payload checksum before
-they return True; a mismatch raises :class:`~kvstack.errors.ChunkFormatError`.
+:mod:`kvstack.kv.format`. Writers fill ``<root>/.tmp/<key hex>.<pid>.<random>.tmp`` (payload
+first, hashed as it goes, then the header) and rename it into place (after ``fsync`` if asked),
+so no reader and no crash ever sees a partial file under a final name. Readers check the
+header, the file size and the payload checksum before they return True; a mismatch raises
+:class:`~kvstack.errors.ChunkFormatError`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import io
 import os
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -40,8 +42,9 @@ __all__ = [
 SUFFIX = ".kvc"
 TMP_DIR = ".tmp"
 STALE_TMP_S = 3600.0
-# Hash each block right after reading it, while it is still in cache: one pass over memory.
-READ_BLOCK_BYTES = 1 << 20
+# Hash each block right before writing or right after reading it, while it is in the CPU's
+# cache: one pass over memory instead of two (128 KiB measured best among 64 KiB..4 MiB).
+IO_BLOCK_BYTES = 128 << 10
 
 
 class FoundChunk(NamedTuple):
@@ -60,15 +63,25 @@ def temp_path(root: Path, key: ChunkKey) -> Path:
 
 
 def write_chunk_file(
-    final: Path, tmp: Path, header: bytes, payload: memoryview | bytes, *, fsync: bool
+    final: Path,
+    tmp: Path,
+    payload: memoryview | bytes,
+    header_for: Callable[[int], bytes],
+    *,
+    fsync: bool,
 ) -> None:
-    """Write ``header + payload`` to ``tmp`` and rename it to ``final``; raises OSError (the
-    temporary file is removed on failure)."""
+    """Write ``header_for(checksum) + payload`` to ``tmp`` and rename it to ``final``.
+
+    The payload is hashed block by block as it is written (one pass over memory); the header,
+    which carries the checksum, goes in last. Raises OSError; the temporary file is removed on
+    any failure."""
     try:
         final.parent.mkdir(exist_ok=True)
         with open(tmp, "wb", buffering=0) as f:
-            _write_all(f, header)
-            _write_all(f, payload)
+            f.seek(HEADER_BYTES)
+            checksum = _write_and_hash(f, memoryview(payload).cast("B"))
+            f.seek(0)
+            _write_all(f, header_for(checksum))
             if fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -78,6 +91,15 @@ def write_chunk_file(
         except OSError:
             pass
         raise
+
+
+def _write_and_hash(f: io.RawIOBase, data: memoryview) -> int:
+    hasher = xxhash.xxh3_64()
+    for start in range(0, len(data), IO_BLOCK_BYTES):
+        block = data[start : start + IO_BLOCK_BYTES]
+        hasher.update(block)
+        _write_all(f, block)
+    return hasher.intdigest()
 
 
 def read_header(f: io.RawIOBase, key: ChunkKey) -> ChunkHeader:
@@ -112,7 +134,7 @@ def _read_and_hash(f: io.RawIOBase, buf: memoryview) -> int:
     hasher = xxhash.xxh3_64()
     got = 0
     while got < len(buf):
-        block = buf[got : got + READ_BLOCK_BYTES]
+        block = buf[got : got + IO_BLOCK_BYTES]
         n = _read_exact_into(f, block)
         hasher.update(block[:n])
         got += n

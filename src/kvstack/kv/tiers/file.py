@@ -1,20 +1,21 @@
-"""``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1``
-— chunks on local disk, one file each (layout and atomicity: :mod:`.chunkfile`).
+"""``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1`` —
+chunks on local disk, one file each (layout and atomicity: :mod:`.chunkfile`).
 
-Writes go through a bounded background queue (:mod:`.writer`; ``queue`` chunks and
-``queue_size`` bytes at most), so ``put`` never waits for the disk: when the queue is full the
-write is dropped and counted. A failed write (disk full, I/O error) is logged once per incident,
-counted, and leaves no file behind; the tier keeps serving what it holds. Reads verify header,
-file length and payload checksum; a corrupt or truncated file is deleted and reported as a miss.
+Writes go through a bounded background queue (:mod:`.writer`; ``queue`` chunks and ``queue_size``
+bytes at most), so ``put`` never waits for the disk: when the queue is full the write is dropped and
+counted. Chunks waiting in the queue are served from memory. A failed write (disk full, I/O error)
+is logged once per incident, counted, and leaves no file behind; the tier keeps serving what it
+holds. Reads verify header, file length and payload checksum; a corrupt or truncated file is deleted
+and reported as a miss.
 
-At start the index is rebuilt from the directory (oldest files first in eviction order): every
-chunk file's header and length are checked, bad ones deleted, temporary files of dead writers
-removed, and the directory is shrunk to the byte budget. Chunks are compressed per tier with
+At start the index is rebuilt from the directory (oldest files first in eviction order): every chunk
+file's header and length are checked, bad ones deleted, temporary files of dead writers removed, and
+the directory is shrunk to the byte budget. Chunks are compressed per tier with
 ``compression=zstd|lz4`` (``level`` sets the codec level).
 
 The directory may be shared by several processes on one host: a chunk another process wrote is
-adopted on first ``contains`` or read. Each process enforces the budget over the files it knows
-of (LRU by default); eviction deletes files, and a reader that loses that race sees a miss.
+adopted on first ``contains`` or read. Each process enforces the budget over the files it knows of
+(LRU by default); eviction deletes files, and a reader that loses that race sees a miss.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from kvstack.errors import ChunkFormatError, ConfigError
@@ -109,7 +111,7 @@ class FileTier(Tier):
 
     # -- reads -----------------------------------------------------------------------------
     def contains(self, key: ChunkKey) -> bool:
-        if key in self._index:
+        if key in self._index or self._writer.pending(key):
             return True
         try:  # written by another process sharing the directory?
             size = self._path(key).stat().st_size
@@ -118,8 +120,25 @@ class FileTier(Tier):
         self._seen(key, size)
         return True
 
+    def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Like :meth:`contains`, but looks on disk only until the first absent key: a prefix
+        lookup ends there, and probing the rest would cost a ``stat`` per key."""
+        found: list[bool] = []
+        probing = True
+        for key in keys:
+            hit = (
+                key in self._index or self._writer.pending(key) or (probing and self.contains(key))
+            )
+            probing = probing and hit
+            found.append(hit)
+        return found
+
     def get(self, key: ChunkKey) -> torch.Tensor | None:
         start = time.perf_counter()
+        queued = self._writer.peek(key)
+        if queued is not None:  # not written yet: serve it from the queue
+            self._metrics.hit(queued.numel() * queued.element_size(), time.perf_counter() - start)
+            return queued.clone()
         try:
             with open(self._path(key), "rb", buffering=0) as f:
                 header = chunkfile.read_header(f, key)
@@ -133,6 +152,14 @@ class FileTier(Tier):
 
     def get_into(self, key: ChunkKey, out: torch.Tensor) -> bool:
         start = time.perf_counter()
+        queued = self._writer.peek(key)
+        if queued is not None:  # not written yet: serve it from the queue
+            if queued.dtype != out.dtype or queued.shape != out.shape:
+                self._metrics.miss()
+                return False
+            out.copy_(queued)
+            self._metrics.hit(queued.numel() * queued.element_size(), time.perf_counter() - start)
+            return True
         direct = out.is_contiguous() and out.device.type == "cpu"
         try:
             with open(self._path(key), "rb", buffering=0) as f:
@@ -220,33 +247,44 @@ class FileTier(Tier):
             return
         raw = byte_view(chunk)
         stored = compress(raw, self.compression, self.level)
-        header = encode_header(
-            key, dtype_name(chunk.dtype), tuple(chunk.shape), stored, len(raw), self.compression
-        )
         size = HEADER_BYTES + len(stored)
         if size > self.capacity_bytes or not self._evict_for(size):
             self._metrics.dropped()
             return
+        dtype, shape = dtype_name(chunk.dtype), tuple(chunk.shape)
+
+        def header_for(checksum: int) -> bytes:
+            return encode_header(key, dtype, shape, stored, len(raw), self.compression, checksum)
+
         tmp = chunkfile.temp_path(self.root, key)
         try:
-            chunkfile.write_chunk_file(self._path(key), tmp, header, stored, fsync=self.fsync)
+            chunkfile.write_chunk_file(self._path(key), tmp, stored, header_for, fsync=self.fsync)
         except OSError as exc:
             self._write_failed(size, exc)
             return
         except BaseException:
             self._unreserve(size)
             raise
-        self._written(key, size)
-        self._metrics.wrote(size, time.perf_counter() - start)
-        self._emit(TierEvent("stored", self.name, key))
+        if self._written(key, size):
+            self._metrics.wrote(size, time.perf_counter() - start)
+            self._emit(TierEvent("stored", self.name, key))
 
-    def _written(self, key: ChunkKey, size: int) -> None:
+    def _written(self, key: ChunkKey, size: int) -> bool:
+        """Index a written file; False if it was removed while being written."""
         with self._lock:
-            if key in self._index:  # adopted meanwhile: the reservation is not needed
+            if self._writer.take_cancelled(key):
                 self._used -= size
-                return
-            self._index[key] = size
-            self._policy.on_insert(key)
+                cancelled = True
+            elif key in self._index:  # adopted meanwhile: the reservation is not needed
+                self._used -= size
+                return True
+            else:
+                self._index[key] = size
+                self._policy.on_insert(key)
+                return True
+        if cancelled:
+            _unlink(self._path(key))
+        return False
 
     def _unreserve(self, size: int) -> None:
         with self._lock:
@@ -289,11 +327,14 @@ class FileTier(Tier):
         return fits
 
     def remove(self, key: ChunkKey) -> bool:
+        with self._lock:
+            queued = self._writer.pending(key)
+            self._writer.cancel(key)
         try:
             os.unlink(self._path(key))
             existed = True
         except FileNotFoundError:
-            existed = False
+            existed = queued
         forgot = self._forget(key)
         if existed or forgot:
             self._emit(TierEvent("removed", self.name, key, reason="removed"))
@@ -358,6 +399,13 @@ def _check_params(capacity: int, queue_depth: int, queue_bytes: int, compression
         raise ConfigError(f"file tier queue bounds must be > 0, got {queue_depth}, {queue_bytes}")
     if compression not in COMPRESSIONS:
         raise ConfigError(f"unknown compression {compression!r}; known: {', '.join(COMPRESSIONS)}")
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _positive_int(text: str, what: str) -> int:

@@ -1,9 +1,10 @@
 """A bounded background write queue: one thread writes items in submission order.
 
-``submit`` never blocks: when the queue holds ``max_items`` items or ``max_bytes`` bytes it
-returns False and the caller counts a dropped write. ``flush`` waits until everything submitted
-so far is written; ``close`` drains the queue and stops the thread. Slow tiers (file, remote)
-use it so that ``KVCache.store`` never waits on I/O.
+``submit`` never blocks: when the queue holds ``max_items`` items or ``max_bytes`` bytes it returns
+False and the caller counts a dropped write. ``peek`` returns an item that is queued or being
+written, so the tier can serve reads of what it has not written yet. ``flush`` waits until
+everything submitted so far is written; ``close`` drains the queue and stops the thread. Slow tiers
+(file, remote) use it so that ``KVCache.store`` never waits on I/O.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class BackgroundWriter(Generic[T]):
         self.max_items = max_items
         self.max_bytes = max_bytes
         self._queue: deque[tuple[ChunkKey, T, int]] = deque()
-        self._pending: set[ChunkKey] = set()  # queued or being written
+        self._pending: dict[ChunkKey, T] = {}  # queued or being written
+        self._cancelled: set[ChunkKey] = set()  # cancelled while being written
         self._queued_bytes = 0
         self._outstanding = 0
         self._closed = False
@@ -65,7 +67,7 @@ class BackgroundWriter(Generic[T]):
             if full or (self._queue and self._queued_bytes + num_bytes > self.max_bytes):
                 return False
             self._queue.append((key, item, num_bytes))
-            self._pending.add(key)
+            self._pending[key] = item
             self._queued_bytes += num_bytes
             self._outstanding += 1
             self._cond.notify_all()
@@ -73,6 +75,33 @@ class BackgroundWriter(Generic[T]):
 
     def pending(self, key: ChunkKey) -> bool:
         return key in self._pending
+
+    def peek(self, key: ChunkKey) -> T | None:
+        """The item for ``key`` if it is queued or being written, else None."""
+        return self._pending.get(key)
+
+    def cancel(self, key: ChunkKey) -> None:
+        """Drop a queued item; one being written is marked (see :meth:`take_cancelled`)."""
+        with self._cond:
+            if key not in self._pending:
+                return
+            for i, (queued, _, num_bytes) in enumerate(self._queue):
+                if queued == key:
+                    del self._queue[i]
+                    self._queued_bytes -= num_bytes
+                    del self._pending[key]
+                    self._outstanding -= 1
+                    self._cond.notify_all()
+                    return
+            self._cancelled.add(key)
+
+    def take_cancelled(self, key: ChunkKey) -> bool:
+        """For the write callback: whether ``key`` was cancelled while being written."""
+        with self._cond:
+            if key in self._cancelled:
+                self._cancelled.discard(key)
+                return True
+            return False
 
     def state(self) -> QueueState:
         with self._cond:
@@ -114,6 +143,7 @@ class BackgroundWriter(Generic[T]):
             finally:
                 del item  # let go of the chunk's memory before waiting for more work
                 with self._cond:
-                    self._pending.discard(key)
+                    self._pending.pop(key, None)
+                    self._cancelled.discard(key)
                     self._outstanding -= 1
                     self._cond.notify_all()

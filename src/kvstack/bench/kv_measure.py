@@ -1,0 +1,244 @@
+"""Measurements behind ``kvstack bench kv``: tier throughput and its references, per shape.
+
+Every figure is a median over rounds; within a round the references and the tiers run one after
+the other on the same data, so machine noise hits them alike. Each round stores chunks under new
+keys (the CPU tier is full and evicts, as in steady state) and reads back what it just stored
+(the page cache is warm for the file tier, as for a hot disk tier).
+
+- memcpy: ``torch`` copy of each chunk into a preallocated buffer (the same thread settings as
+  the CPU tier's copies);
+- raw write: one new file per chunk, ``write`` + (``fsync``) + close, no checksum;
+- raw read: ``readinto`` of those files into preallocated buffers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from kvstack.kv.keys import ChunkKey
+from kvstack.kv.tensors import byte_view, torch
+from kvstack.kv.tiers import Tier
+from kvstack.kv.tiers.cpu import CPUTier
+from kvstack.kv.tiers.file import FileTier
+
+__all__ = ["Shape", "ShapeResult", "TierResult", "measure_shape"]
+
+
+class Shape(NamedTuple):
+    name: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    chunk_tokens: int
+    dtype: torch.dtype
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        return (self.num_layers, 2, self.chunk_tokens, self.num_kv_heads, self.head_dim)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return int(torch.Size(self.chunk_shape).numel()) * self.dtype.itemsize
+
+
+@dataclass
+class TierResult:
+    store_gbps: float
+    retrieve_gbps: float
+    store_ratio: float  # against the reference with the same settings (memcpy or raw write)
+    retrieve_ratio: float
+    compression_ratio: float = 1.0  # raw bytes / stored bytes
+
+
+@dataclass
+class ShapeResult:
+    shape: str
+    chunk_bytes: int
+    num_chunks: int
+    memcpy_gbps: float
+    file_write_gbps: float
+    file_read_gbps: float
+    file_write_fsync_gbps: float | None
+    tiers: dict[str, TierResult] = field(default_factory=dict)
+
+
+class Variant(NamedTuple):
+    name: str
+    fsync: bool
+    compression: str
+
+
+Samples = dict[str, list[float]]
+
+
+def measure_shape(
+    shape: Shape,
+    num_chunks: int,
+    rounds: int,
+    root: Path,
+    variants: list[Variant],
+    step: Callable[[str], None],
+) -> ShapeResult:
+    """Run ``rounds`` rounds over ``num_chunks`` chunks of ``shape`` under ``root``."""
+    chunks = [kv_like(shape, i) for i in range(num_chunks)]
+    outs = [torch.empty_like(c) for c in chunks]
+    cpu = CPUTier(num_chunks * (shape.chunk_bytes + 64), name=f"bench-cpu-{shape.name}")
+    files = {v.name: _file_tier(root / v.name, v, num_chunks, shape) for v in variants}
+    samples: Samples = {}
+    try:
+        _fill(cpu, chunks, "warmup")  # faults the arena in: later rounds evict and reuse it
+        for r in range(rounds):
+            step(f"{shape.name}: round {r + 1}/{rounds}")
+            _round(shape, chunks, outs, cpu, files, variants, root / "raw", r, samples)
+    finally:
+        cpu.close()
+        for tier in files.values():
+            tier.close()
+    return _summarise(shape, num_chunks, variants, files, samples)
+
+
+def kv_like(shape: Shape, seed: int) -> torch.Tensor:
+    """Values shaped like real KV: normal per channel with per-channel scales (so codecs see
+    realistic exponent bytes, not random bits)."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.rand(shape.num_kv_heads, shape.head_dim, generator=g) * 4 + 0.1
+    return (torch.randn(shape.chunk_shape, generator=g) * scale).to(shape.dtype)
+
+
+def _file_tier(path: Path, v: Variant, num_chunks: int, shape: Shape) -> FileTier:
+    budget = 4 * num_chunks * (shape.chunk_bytes + 4096)
+    return FileTier(
+        path,
+        budget,
+        fsync=v.fsync,
+        compression=v.compression,
+        queue_depth=num_chunks + 1,
+        queue_bytes=budget,
+        name=f"bench-{v.name}-{shape.name}",
+    )
+
+
+def _round(
+    shape: Shape,
+    chunks: list[torch.Tensor],
+    outs: list[torch.Tensor],
+    cpu: CPUTier,
+    files: dict[str, FileTier],
+    variants: list[Variant],
+    raw_dir: Path,
+    r: int,
+    samples: Samples,
+) -> None:
+    total = len(chunks) * shape.chunk_bytes
+
+    def record(name: str, seconds: float) -> None:
+        samples.setdefault(name, []).append(total / seconds / 1e9)
+
+    record("memcpy", _timed(lambda: [o.copy_(c) for o, c in zip(outs, chunks, strict=True)]))
+    keys = _fill(cpu, chunks, f"r{r}", timer=lambda s: record("cpu.store", s))
+    record("cpu.retrieve", _timed(lambda: _get_all(cpu, keys, outs)))
+    for fsync in sorted({v.fsync for v in variants}):
+        paths = [raw_dir / f"{i}.{r}" for i in range(len(chunks))]
+        record(_raw("write", fsync), _timed(lambda p=paths, f=fsync: _raw_write(p, chunks, f)))
+        record(_raw("read", fsync), _timed(lambda p=paths: _raw_read(p, outs)))
+        for p in paths:
+            p.unlink()
+    for v in variants:
+        tier = files[v.name]
+        keys = _fill(tier, chunks, f"r{r}", timer=lambda s, n=v.name: record(f"{n}.store", s))
+        record(f"{v.name}.retrieve", _timed(lambda t=tier, k=keys: _get_all(t, k, outs)))
+        for k in keys:
+            tier.remove(k)
+
+
+def _fill(
+    tier: Tier, chunks: list[torch.Tensor], tag: str, timer: Callable[[float], None] | None = None
+) -> list[ChunkKey]:
+    """Store every chunk under a new key; the time includes writing it out (``flush``)."""
+    keys = [
+        ChunkKey(hashlib.blake2b(f"{tag}-{i}".encode(), digest_size=16).digest())
+        for i in range(len(chunks))
+    ]
+    start = time.perf_counter()
+    accepted = [tier.put(k, c) for k, c in zip(keys, chunks, strict=True)]
+    tier.flush()
+    seconds = time.perf_counter() - start
+    if not all(accepted) or not all(tier.contains_many(keys)):
+        raise RuntimeError(f"tier {tier.name} did not store every benchmark chunk")
+    if timer is not None:
+        timer(seconds)
+    return keys
+
+
+def _get_all(tier: Tier, keys: list[ChunkKey], outs: list[torch.Tensor]) -> None:
+    if not all(tier.get_many_into(keys, outs)):
+        raise RuntimeError(f"tier {tier.name} missed a chunk it had just stored")
+
+
+def _raw(op: str, fsync: bool) -> str:
+    return f"raw.{op}" + (".fsync" if fsync and op == "write" else "")
+
+
+def _raw_write(paths: list[Path], chunks: list[torch.Tensor], fsync: bool) -> None:
+    paths[0].parent.mkdir(parents=True, exist_ok=True)
+    for path, chunk in zip(paths, chunks, strict=True):
+        with open(path, "wb", buffering=0) as f:
+            f.write(byte_view(chunk))
+            if fsync:
+                os.fsync(f.fileno())
+
+
+def _raw_read(paths: list[Path], outs: list[torch.Tensor]) -> None:
+    for path, out in zip(paths, outs, strict=True):
+        with open(path, "rb", buffering=0) as f:
+            f.readinto(byte_view(out))
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _summarise(
+    shape: Shape,
+    num_chunks: int,
+    variants: list[Variant],
+    files: dict[str, FileTier],
+    samples: Samples,
+) -> ShapeResult:
+    med = {name: statistics.median(values) for name, values in samples.items()}
+    result = ShapeResult(
+        shape.name,
+        shape.chunk_bytes,
+        num_chunks,
+        med["memcpy"],
+        med["raw.write"],
+        med["raw.read"],
+        med.get("raw.write.fsync"),
+    )
+    result.tiers["cpu"] = TierResult(
+        med["cpu.store"],
+        med["cpu.retrieve"],
+        med["cpu.store"] / med["memcpy"],
+        med["cpu.retrieve"] / med["memcpy"],
+    )
+    for v in variants:
+        store, read = med[f"{v.name}.store"], med[f"{v.name}.retrieve"]
+        stored_bytes_read = files[v.name].stats().bytes_read
+        raw_bytes_read = num_chunks * shape.chunk_bytes * len(samples["memcpy"])
+        result.tiers[v.name] = TierResult(
+            store,
+            read,
+            store / med[_raw("write", v.fsync)],
+            read / med["raw.read"],
+            compression_ratio=raw_bytes_read / stored_bytes_read if stored_bytes_read else 1.0,
+        )
+    return result
