@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -146,14 +147,14 @@ def _round(
     record("cpu.retrieve", _timed(lambda: _get_all(cpu, keys, outs)))
     for fsync in sorted({v.fsync for v in variants}):
         paths = [raw_dir / f"{i}.{r}" for i in range(len(chunks))]
-        record(_raw("write", fsync), _timed(lambda p=paths, f=fsync: _raw_write(p, chunks, f)))
-        record(_raw("read", fsync), _timed(lambda p=paths: _raw_read(p, outs)))
+        record(_raw("write", fsync), _timed(partial(_raw_write, paths, chunks, fsync)))
+        record(_raw("read", fsync), _timed(partial(_raw_read, paths, outs)))
         for p in paths:
             p.unlink()
     for v in variants:
         tier = files[v.name]
-        keys = _fill(tier, chunks, f"r{r}", timer=lambda s, n=v.name: record(f"{n}.store", s))
-        record(f"{v.name}.retrieve", _timed(lambda t=tier, k=keys: _get_all(t, k, outs)))
+        keys = _fill(tier, chunks, f"r{r}", timer=partial(record, f"{v.name}.store"))
+        record(f"{v.name}.retrieve", _timed(partial(_get_all, tier, keys, outs)))
         for k in keys:
             tier.remove(k)
 
