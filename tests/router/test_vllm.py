@@ -1,0 +1,156 @@
+"""The router in front of two real vLLM CPU engines (the router CLI as its own process)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from kvstack.stack.procs import ManagedProcess
+from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
+from tests.conftest import free_port
+
+pytestmark = pytest.mark.vllm
+
+
+@dataclass
+class Deployment:
+    router_url: str
+    engines: list[VLLMServer]
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.router_url}/v1", api_key="none", max_retries=0)
+
+
+def _engine(model: Path, logs: Path, variant: str) -> VLLMServer:
+    # Both serve "toy"; each also answers to its own variant name (for the canary route).
+    spec = VLLMServerSpec(
+        model=str(model),
+        port=free_port(),
+        max_model_len=2048,
+        extra_args=["--served-model-name", "toy", variant],
+    )
+    return VLLMServer(spec, logs / f"{variant}.log")
+
+
+@pytest.fixture(scope="module")
+def deployment(toy_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    logs = tmp_path_factory.mktemp("router-vllm")
+    engines = [_engine(toy_model, logs, v) for v in ("toy-v1", "toy-v2")]
+    router: ManagedProcess | None = None
+    try:
+        with ThreadPoolExecutor(2) as pool:  # start both engines at once
+            list(pool.map(lambda e: e.start(), engines))
+        config = logs / "router.yaml"
+        config.write_text(
+            "router:\n  backends:\n"
+            + "".join(f"    - url: {e.url}\n" for e in engines)
+            + "  health: {interval_s: 0.3, timeout_s: 1.0}\n"
+            "  models:\n    - name: toy-canary\n      targets:\n"
+            "        - {model: toy-v1, weight: 70}\n        - {model: toy-v2, weight: 30}\n"
+        )
+        port = free_port()
+        argv = [sys.executable, "-m", "kvstack", "router", "--config", str(config)]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        router = ManagedProcess("router", argv, logs / "router.log").start()
+        router.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
+        yield Deployment(f"http://127.0.0.1:{port}", engines)
+    finally:
+        if router is not None:
+            router.stop()
+        for engine in engines:
+            engine.stop()
+
+
+def test_openai_client_streaming_and_not(deployment: Deployment) -> None:
+    client = deployment.client()
+    raw = client.completions.with_raw_response.create(model="toy", prompt="the cache", max_tokens=4)
+    assert raw.headers["x-kvstack-backend"] in {e.url for e in deployment.engines}
+    assert "reason=" in raw.headers["x-kvstack-decision"]
+    assert raw.parse().usage.completion_tokens == 4
+    stream = client.chat.completions.create(
+        model="toy",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=6,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    pieces = [
+        c.choices[0].delta.content for c in stream if c.choices and c.choices[0].delta.content
+    ]
+    assert len(pieces) >= 3  # tokens arrived as separate chunks
+    assert {m.id for m in client.models.list().data} == {"toy", "toy-v1", "toy-v2", "toy-canary"}
+    # The router reads the real engines' metrics under their current names.
+    metrics = httpx.get(f"{deployment.router_url}/metrics").text
+    for engine in deployment.engines:
+        assert f'kvstack_router_backend_metrics_stale{{backend="{engine.url}"}} 0.0' in metrics
+        assert f'kvstack_router_backend_engine_kv_usage{{backend="{engine.url}"}}' in metrics
+
+
+def test_canary_weights_on_real_engines(deployment: Deployment) -> None:
+    with httpx.Client(timeout=120) as http:
+
+        def one(i: int) -> str:
+            body = {"model": "toy-canary", "prompt": f"q {i}", "max_tokens": 1}
+            resp = http.post(f"{deployment.router_url}/v1/completions", json=body)
+            assert resp.status_code == 200, resp.text
+            return resp.headers["x-kvstack-backend"]  # vLLM answers with its first name
+
+        with ThreadPoolExecutor(4) as pool:
+            served = Counter(pool.map(one, range(80)))
+    v1, v2 = (e.url for e in deployment.engines)  # only engine 1 serves toy-v1, 2 toy-v2
+    assert set(served) == {v1, v2}
+    assert 0.15 <= served[v2] / 80 <= 0.45, served  # 30% ± 15 points (σ ≈ 5)
+
+
+def test_killed_engine_loses_no_unstarted_request_and_health_follows(
+    deployment: Deployment,
+) -> None:
+    client = deployment.client()
+    victim, survivor = deployment.engines
+
+    def one(i: int) -> int:
+        done = client.completions.create(
+            model="toy", prompt=f"request {i}", max_tokens=64, extra_body={"ignore_eos": True}
+        )
+        assert done.usage is not None
+        return done.usage.completion_tokens
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(8)]
+        time.sleep(0.5)
+        assert victim.pid is not None
+        os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
+        assert [f.result(timeout=300) for f in futures] == [64] * 8
+    metrics = httpx.get(f"{deployment.router_url}/metrics").text
+    retried = [m for m in metrics.splitlines() if m.startswith("kvstack_router_retries_total")]
+    assert sum(float(m.rsplit(" ", 1)[1]) for m in retried) >= 1, retried
+
+    assert survivor.pid is not None
+    os.kill(survivor.pid, signal.SIGSTOP)  # hung: health checks time out
+    try:
+        assert _wait_health(deployment.router_url, 503)
+    finally:
+        os.kill(survivor.pid, signal.SIGCONT)
+    assert _wait_health(deployment.router_url, 200)
+    done = client.completions.create(model="toy", prompt="back again", max_tokens=2)
+    assert done.choices[0].text is not None
+
+
+def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if httpx.get(f"{url}/health", timeout=5).status_code == status:
+            return True
+        time.sleep(0.2)
+    return False
