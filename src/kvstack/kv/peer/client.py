@@ -12,17 +12,20 @@ import contextlib
 import socket
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.peer import protocol as p
 from kvstack.kv.remote.codec import (
     HEADER_BYTES,
+    Pending,
     ReadResult,
     check_header,
-    decode_payload,
+    finish_later,
     fits,
     payload_target,
+    settle,
     tensor_for,
 )
 from kvstack.kv.tensors import torch
@@ -113,14 +116,21 @@ class PeerClient:
             return [flag == 1 for flag in conn.recv(len(keys))]
 
     def get(
-        self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor | None]
+        self,
+        keys: Sequence[ChunkKey],
+        outs: Sequence[torch.Tensor | None],
+        verifier: Executor | None = None,
     ) -> list[ReadResult] | None:
-        """Read chunks into ``outs`` (a new tensor where None); None if the server is busy."""
+        """Read chunks into ``outs`` (a new tensor where None); None if the server is busy.
+        Checksums run on ``verifier`` while the next chunk arrives, when one is given."""
         with self._connection() as conn:
             conn.send(p.pack_request(p.GET, list(keys)))
             if self._answer(conn, len(keys)).status == p.BUSY:
                 return None
-            return [self._read_one(conn, k, o) for k, o in zip(keys, outs, strict=True)]
+            pending = [
+                self._read_one(conn, k, o, verifier) for k, o in zip(keys, outs, strict=True)
+            ]
+            return settle(pending)
 
     def _answer(self, conn: _Connection, num_keys: int) -> p.Answer:
         answer = p.parse_answer(conn.recv(p.ANSWER.size))
@@ -130,7 +140,9 @@ class PeerClient:
             raise p.ProtocolError(f"peer {self.address} answered {answer.num} of {num_keys} keys")
         return answer
 
-    def _read_one(self, conn: _Connection, key: ChunkKey, out: torch.Tensor | None) -> ReadResult:
+    def _read_one(
+        self, conn: _Connection, key: ChunkKey, out: torch.Tensor | None, verifier: Executor | None
+    ) -> Pending:
         if not conn.recv(1)[0]:
             return ReadResult("miss")
         try:
@@ -143,11 +155,7 @@ class PeerClient:
             return ReadResult("mismatch")
         target = payload_target(header, tensor)
         conn.recv_into(target.view)
-        try:
-            decode_payload(header, target, tensor)
-        except ChunkFormatError as exc:
-            return ReadResult("corrupt", detail=str(exc))
-        return ReadResult("hit", tensor)
+        return finish_later(verifier, header, target, tensor)
 
     def close(self) -> None:
         with self._lock:

@@ -9,6 +9,7 @@ turn into a miss (and delete the value).
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
 from typing import Literal, NamedTuple
 
 from kvstack.errors import ChunkFormatError
@@ -32,9 +33,12 @@ __all__ = [
     "check_header",
     "decode_payload",
     "encode_chunk",
+    "finish",
+    "finish_later",
     "fits",
     "parse_header",
     "payload_target",
+    "settle",
     "tensor_for",
 ]
 
@@ -126,6 +130,32 @@ def _copy_bytes_into(raw: bytes | memoryview, out: torch.Tensor) -> None:
     writable = raw if isinstance(raw, memoryview) and not raw.readonly else bytearray(raw)
     staging = torch.frombuffer(writable, dtype=torch.uint8)
     out.copy_(staging.view(out.dtype).view(out.shape))
+
+
+def finish(header: ChunkHeader, target: PayloadTarget, out: torch.Tensor) -> ReadResult:
+    """Verify (and decode) a received payload: a hit, or corrupt."""
+    try:
+        decode_payload(header, target, out)
+    except ChunkFormatError as exc:
+        return ReadResult("corrupt", detail=str(exc))
+    return ReadResult("hit", out)
+
+
+Pending = ReadResult | Future[ReadResult]
+
+
+def finish_later(
+    verifier: Executor | None, header: ChunkHeader, target: PayloadTarget, out: torch.Tensor
+) -> Pending:
+    """:func:`finish` on ``verifier`` (so the next payload is received while this one is
+    checksummed; xxhash releases the GIL), or right away without one."""
+    if verifier is None:
+        return finish(header, target, out)
+    return verifier.submit(finish, header, target, out)
+
+
+def settle(results: list[Pending]) -> list[ReadResult]:
+    return [r.result() if isinstance(r, Future) else r for r in results]
 
 
 def check_header(buf: bytes | bytearray | memoryview, key: ChunkKey) -> ChunkHeader:

@@ -9,17 +9,20 @@ foreign layout, a corrupt value or a per-key error such as ``MOVED``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Executor
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.remote.codec import (
     HEADER_BYTES,
     EncodedChunk,
+    Pending,
     ReadResult,
     check_header,
-    decode_payload,
+    finish_later,
     fits,
     payload_target,
+    settle,
     tensor_for,
 )
 from kvstack.kv.remote.resp import RespConnection, RespError, pack_command, pack_large
@@ -33,13 +36,18 @@ def read_batch(
     names: Sequence[bytes],
     keys: Sequence[ChunkKey],
     outs: Sequence[torch.Tensor | None],
+    verifier: Executor | None = None,
 ) -> list[ReadResult]:
-    """GET every name; fill ``outs[i]`` (or a new tensor where it is None)."""
+    """GET every name; fill ``outs[i]`` (or a new tensor where it is None). Payload checksums
+    run on ``verifier`` while the next values arrive, when one is given."""
     conn.send([b"".join(pack_command("GET", name) for name in names)])
-    return [_read_one(conn, key, out) for key, out in zip(keys, outs, strict=True)]
+    pending = [_read_one(conn, k, o, verifier) for k, o in zip(keys, outs, strict=True)]
+    return settle(pending)
 
 
-def _read_one(conn: RespConnection, key: ChunkKey, out: torch.Tensor | None) -> ReadResult:
+def _read_one(
+    conn: RespConnection, key: ChunkKey, out: torch.Tensor | None, verifier: Executor | None
+) -> Pending:
     try:
         size = conn.read_bulk_size()
     except RespError as exc:
@@ -66,11 +74,7 @@ def _read_one(conn: RespConnection, key: ChunkKey, out: torch.Tensor | None) -> 
     target = payload_target(header, target_tensor)
     conn.read_into(target.view)
     conn.skip(2)
-    try:
-        decode_payload(header, target, target_tensor)
-    except ChunkFormatError as exc:
-        return ReadResult("corrupt", detail=str(exc))
-    return ReadResult("hit", target_tensor)
+    return finish_later(verifier, header, target, target_tensor)
 
 
 def exists_batch(conn: RespConnection, names: Sequence[bytes]) -> list[bool]:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstack.errors import ConfigError, TierError
@@ -80,6 +81,7 @@ class PeerTier(Tier):
         self._lock = threading.Lock()
         self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
+        self._verify = ThreadPoolExecutor(2, thread_name_prefix=f"kvstack-{name}-verify")
 
     @classmethod
     def from_url(cls, url: TierURL, name: str = "peer") -> PeerTier:
@@ -202,7 +204,7 @@ class PeerTier(Tier):
                 by_peer.setdefault(holders[i].pop(0), []).append(i)
             for address, idx in by_peer.items():
                 picked_keys, picked_outs = [keys[i] for i in idx], [outs[i] for i in idx]
-                results = self._call(address, "get", picked_keys, picked_outs)
+                results = self._call(address, "get", picked_keys, picked_outs, self._verify)
                 for i, result in zip(idx, results or [], strict=False):
                     chunks[i] = self._account(address, keys[i], result)
             todo = [i for i in todo if chunks[i] is None and holders[i]]
@@ -248,5 +250,6 @@ class PeerTier(Tier):
             clients = [c for c, _ in self._clients.values()]
         for client in clients:
             client.close()
+        self._verify.shutdown(wait=True)
         if self._index is not None:
             self._index.close()

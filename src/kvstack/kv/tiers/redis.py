@@ -55,6 +55,7 @@ class RedisTier(Tier):
         self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
         self._pool = ThreadPoolExecutor(8, thread_name_prefix=f"kvstack-{name}-io")
+        self._verify = ThreadPoolExecutor(2, thread_name_prefix=f"kvstack-{name}-verify")
         self._writer = BackgroundWriter(
             name,
             self._write_jobs,
@@ -81,6 +82,9 @@ class RedisTier(Tier):
             return None
         try:
             groups = self._nodes.group(names)
+            if len(groups) == 1:  # one node: no thread hop
+                ((address, indices),) = groups.items()
+                return self._succeeded(self._on_node(address, call, indices))
             futures = [
                 (indices, self._pool.submit(self._on_node, address, call, indices))
                 for address, indices in groups.items()
@@ -92,6 +96,9 @@ class RedisTier(Tier):
         except FAILURES as exc:
             self._failed(op, exc)
             return None
+        return self._succeeded(results)
+
+    def _succeeded(self, results: list[R]) -> list[R]:
         self._breaker.success()
         return results
 
@@ -161,7 +168,8 @@ class RedisTier(Tier):
 
         def read(conn: RespConnection, idx: list[int]) -> list[ReadResult]:
             picked_keys, picked_outs = [keys[i] for i in idx], [outs[i] for i in idx]
-            return redis_io.read_batch(conn, [names[i] for i in idx], picked_keys, picked_outs)
+            picked_names = [names[i] for i in idx]
+            return redis_io.read_batch(conn, picked_names, picked_keys, picked_outs, self._verify)
 
         results = self._per_node("get", names, read)
         if results is None:
@@ -279,6 +287,7 @@ class RedisTier(Tier):
     def close(self) -> None:
         self._writer.close()
         self._pool.shutdown(wait=True)
+        self._verify.shutdown(wait=True)
         self._nodes.close()
 
     def stats(self) -> TierStats:
