@@ -25,16 +25,16 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
-
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from kvstack.bench.kv_measure import Shape, ShapeResult, Variant, measure_shape
+from kvstack.errors import require
 from kvstack.kv.cache import KVCache
 from kvstack.kv.config import KVConfig
 from kvstack.kv.tensors import torch
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["run"]
 
@@ -61,6 +61,10 @@ LOOKUP_BAR_MS = 5.0
 
 def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    require("rich", "bench")  # the progress display and tables; names the extra if missing
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     if args.threads:
         torch.set_num_threads(args.threads)
     chunks = {MAIN_SHAPE.name: 3 if args.quick else 8, SMALL_SHAPE.name: 8 if args.quick else 32}
@@ -203,6 +207,8 @@ def _filesystem(path: Path) -> str:
 
 
 def _print(report: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
     for name, shape in report["shapes"].items():
         table = Table(
             title=f"{name}: {shape['chunk_bytes'] / 2**20:.1f} MiB per chunk, "

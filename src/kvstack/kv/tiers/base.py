@@ -178,6 +178,9 @@ class Tier(ABC):
 
     # -- batched forms; remote tiers override them with pipelined implementations ----------
     def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """``contains`` for each key. An implementation may stop probing after the first absent
+        key and report the rest as absent (callers use the leading run; it only shortens a
+        hit, never makes one wrong)."""
         return [self.contains(k) for k in keys]
 
     def get_many_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:

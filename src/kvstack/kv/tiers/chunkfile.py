@@ -132,14 +132,15 @@ def read_payload_into(f: io.RawIOBase, header: ChunkHeader, raw: memoryview) -> 
 
 def _read_and_hash(f: io.RawIOBase, buf: memoryview) -> int:
     hasher = xxhash.xxh3_64()
-    got = 0
-    while got < len(buf):
-        block = buf[got : got + IO_BLOCK_BYTES]
-        n = _read_exact_into(f, block)
-        hasher.update(block[:n])
-        got += n
-        if n < len(block):
-            raise ChunkFormatError(f"truncated payload: {got} of {len(buf)} bytes")
+    size = len(buf)
+    for start in range(0, size, IO_BLOCK_BYTES):
+        block = buf[start : start + IO_BLOCK_BYTES]
+        n = f.readinto(block) or 0
+        if n < len(block):  # short read: finish the block, or the file is truncated
+            n += _read_exact_into(f, block[n:])
+            if n < len(block):
+                raise ChunkFormatError(f"truncated payload: {start + n} of {size} bytes")
+        hasher.update(block)
     return hasher.intdigest()
 
 

@@ -68,6 +68,7 @@ class FileTier(Tier):
         super().__init__(name)
         _check_params(capacity_bytes, queue_depth, queue_bytes, compression)
         self.root = Path(root)
+        self._root = str(self.root)
         self.capacity_bytes = capacity_bytes
         self.fsync = fsync
         self.compression = compression
@@ -106,15 +107,16 @@ class FileTier(Tier):
         url.reject_unknown()
         return cls(url.path, size, name=name, **params)  # type: ignore[arg-type]
 
-    def _path(self, key: ChunkKey) -> Path:
-        return chunkfile.chunk_path(self.root, key)
+    def _path(self, key: ChunkKey) -> str:
+        hexkey = key.hex()  # a plain string: pathlib costs more than the read of a small chunk
+        return f"{self._root}/{hexkey[:2]}/{hexkey}{chunkfile.SUFFIX}"
 
     # -- reads -----------------------------------------------------------------------------
     def contains(self, key: ChunkKey) -> bool:
         if key in self._index or self._writer.pending(key):
             return True
         try:  # written by another process sharing the directory?
-            size = self._path(key).stat().st_size
+            size = os.stat(self._path(key)).st_size
         except OSError:
             return False
         self._seen(key, size)
@@ -258,7 +260,8 @@ class FileTier(Tier):
 
         tmp = chunkfile.temp_path(self.root, key)
         try:
-            chunkfile.write_chunk_file(self._path(key), tmp, stored, header_for, fsync=self.fsync)
+            final = Path(self._path(key))
+            chunkfile.write_chunk_file(final, tmp, stored, header_for, fsync=self.fsync)
         except OSError as exc:
             self._write_failed(size, exc)
             return
@@ -345,7 +348,7 @@ class FileTier(Tier):
         """Rebuild the index from the directory; drop bad files; shrink to the budget."""
         found, foreign = chunkfile.scan_chunks(self.root)
         for chunk in found:
-            path = str(self._path(chunk.key))
+            path = self._path(chunk.key)
             try:
                 size = chunkfile.check_chunk_file(path, chunk.key)
             except ChunkFormatError as exc:
@@ -385,7 +388,7 @@ class FileTier(Tier):
             assert sum(index.values()) == self._used, "used bytes != sum of indexed sizes"
             assert self._used <= self.capacity_bytes, "over capacity"
             assert self._policy.keys() == set(index), "policy and index disagree"
-        missing = [k for k in index if not self._path(k).exists()]
+        missing = [k for k in index if not os.path.exists(self._path(k))]
         assert not missing, f"{len(missing)} indexed chunks missing on disk"
         mine = f".{os.getpid()}."
         tmp = [e.name for e in os.scandir(self.root / chunkfile.TMP_DIR) if mine in e.name]
@@ -401,7 +404,7 @@ def _check_params(capacity: int, queue_depth: int, queue_bytes: int, compression
         raise ConfigError(f"unknown compression {compression!r}; known: {', '.join(COMPRESSIONS)}")
 
 
-def _unlink(path: Path) -> None:
+def _unlink(path: str) -> None:
     try:
         os.unlink(path)
     except OSError:
