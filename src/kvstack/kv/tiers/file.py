@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,10 +30,10 @@ from pathlib import Path
 from kvstack.errors import ChunkFormatError, ConfigError
 from kvstack.kv.format import COMPRESSIONS, DTYPES, HEADER_BYTES, compress, encode_header
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.policy import make_policy
 from kvstack.kv.tensors import byte_view, dtype_name, torch, torch_dtype
 from kvstack.kv.tiers import chunkfile
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
+from kvstack.kv.tiers.file_index import FileIndex
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.writer import BackgroundWriter
 from kvstack.log import IncidentLogger
@@ -73,10 +72,7 @@ class FileTier(Tier):
         self.fsync = fsync
         self.compression = compression
         self.level = level
-        self._lock = threading.Lock()
-        self._index: dict[ChunkKey, int] = {}  # key -> file size in bytes
-        self._policy = make_policy(policy)
-        self._used = 0  # indexed sizes plus the reservation of the write in progress
+        self._index = FileIndex(capacity_bytes, policy)
         self._metrics = TierMetrics(name, self._gauges)
         self._incidents = IncidentLogger(log)
         try:
@@ -119,7 +115,7 @@ class FileTier(Tier):
             size = os.stat(self._path(key)).st_size
         except OSError:
             return False
-        self._seen(key, size)
+        self._index.seen(key, size)
         return True
 
     def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
@@ -180,23 +176,13 @@ class FileTier(Tier):
         return True
 
     def _read_ok(self, key: ChunkKey, stored_bytes: int, start: float) -> None:
-        self._seen(key, HEADER_BYTES + stored_bytes)
+        self._index.seen(key, HEADER_BYTES + stored_bytes)
         self._metrics.hit(stored_bytes, time.perf_counter() - start)
-
-    def _seen(self, key: ChunkKey, size: int) -> None:
-        """A chunk was found: count the access, adopting files other processes wrote."""
-        with self._lock:
-            if key in self._index:
-                self._policy.on_access(key)
-                return
-            self._index[key] = size
-            self._policy.on_insert(key)
-            self._used += size
 
     def _read_failed(self, key: ChunkKey, exc: OSError | ChunkFormatError) -> None:
         self._metrics.miss()
         if isinstance(exc, FileNotFoundError):
-            self._forget(key)  # evicted by another process, or removed by hand
+            self._index.forget(key)  # evicted by another process, or removed by hand
         elif isinstance(exc, ChunkFormatError):
             self._drop_corrupt(key, exc)
         else:
@@ -210,21 +196,9 @@ class FileTier(Tier):
             "corrupt", "file tier %s: dropping corrupt chunk %s: %s", self.name, key.hex(), exc
         )
         self._metrics.corrupt()
-        try:
-            os.unlink(self._path(key))
-        except OSError:
-            pass
-        if self._forget(key):
+        _unlink(self._path(key))
+        if self._index.forget(key):
             self._emit(TierEvent("removed", self.name, key, reason="corrupt"))
-
-    def _forget(self, key: ChunkKey) -> bool:
-        with self._lock:
-            size = self._index.pop(key, None)
-            if size is None:
-                return False
-            self._policy.on_remove(key)
-            self._used -= size
-            return True
 
     # -- writes ----------------------------------------------------------------------------
     def put(self, key: ChunkKey, chunk: torch.Tensor) -> bool:
@@ -266,35 +240,16 @@ class FileTier(Tier):
             self._write_failed(size, exc)
             return
         except BaseException:
-            self._unreserve(size)
+            self._index.release(size)
             raise
-        if self._written(key, size):
-            self._metrics.wrote(size, time.perf_counter() - start)
-            self._emit(TierEvent("stored", self.name, key))
-
-    def _written(self, key: ChunkKey, size: int) -> bool:
-        """Index a written file; False if it was removed while being written."""
-        with self._lock:
-            if self._writer.take_cancelled(key):
-                self._used -= size
-                cancelled = True
-            elif key in self._index:  # adopted meanwhile: the reservation is not needed
-                self._used -= size
-                return True
-            else:
-                self._index[key] = size
-                self._policy.on_insert(key)
-                return True
-        if cancelled:
-            _unlink(self._path(key))
-        return False
-
-    def _unreserve(self, size: int) -> None:
-        with self._lock:
-            self._used -= size
+        if not self._index.commit(key, size, lambda: self._writer.take_cancelled(key)):
+            _unlink(self._path(key))  # removed while being written
+            return
+        self._metrics.wrote(size, time.perf_counter() - start)
+        self._emit(TierEvent("stored", self.name, key))
 
     def _write_failed(self, size: int, exc: OSError) -> None:
-        self._unreserve(size)
+        self._index.release(size)
         kind = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "write error"
         self._incidents.warning(
             kind, "file tier %s: %s, chunk not stored: %s", self.name, kind, exc
@@ -308,29 +263,15 @@ class FileTier(Tier):
 
     def _evict_for(self, size: int) -> bool:
         """Evict until ``size`` more bytes fit, then reserve them. False if that is impossible."""
-        victims: list[ChunkKey] = []
-        with self._lock:
-            while self._used + size > self.capacity_bytes:
-                victim = self._policy.evict(lambda _k: True)
-                if victim is None:
-                    break
-                key = ChunkKey(victim)  # type: ignore[arg-type]
-                self._used -= self._index.pop(key)
-                victims.append(key)
-            fits = self._used + size <= self.capacity_bytes
-            if fits:
-                self._used += size
+        fits, victims = self._index.reserve(size)
         for key in victims:
-            try:
-                os.unlink(self._path(key))
-            except OSError:
-                pass
+            _unlink(self._path(key))
             self._metrics.evicted()
             self._emit(TierEvent("removed", self.name, key, reason="evicted"))
         return fits
 
     def remove(self, key: ChunkKey) -> bool:
-        with self._lock:
+        with self._index.locked():  # ordered with the writer's commit of the same key
             queued = self._writer.pending(key)
             self._writer.cancel(key)
         try:
@@ -338,7 +279,7 @@ class FileTier(Tier):
             existed = True
         except FileNotFoundError:
             existed = queued
-        forgot = self._forget(key)
+        forgot = self._index.forget(key)
         if existed or forgot:
             self._emit(TierEvent("removed", self.name, key, reason="removed"))
         return existed or forgot
@@ -356,11 +297,12 @@ class FileTier(Tier):
                 continue
             except OSError:
                 continue
-            self._seen(chunk.key, size)
+            self._index.seen(chunk.key, size)
         if found or foreign:
+            entries, used = self._index.usage()
             log.info(
                 "file tier %s: %d chunks (%d bytes) found in %s; %d other files ignored",
-                self.name, len(self._index), self._used, self.root, len(foreign),
+                self.name, entries, used, self.root, len(foreign),
             )  # fmt: skip
         self._evict_for(0)  # the budget may have been lowered since the last run
 
@@ -371,23 +313,19 @@ class FileTier(Tier):
         self._writer.close()
 
     def _gauges(self) -> tuple[int, int]:
-        return len(self._index), self._used
+        return self._index.usage()
 
     def stats(self) -> TierStats:
         queued = self._writer.state()
-        with self._lock:
-            stats = self._metrics.snapshot(len(self._index), self._used, self.capacity_bytes)
+        stats = self._metrics.snapshot(*self._index.usage(), self.capacity_bytes)
         stats.extra["queued_writes"] = float(queued.items)
         stats.extra["queued_bytes"] = float(queued.bytes)
         return stats
 
     def check_integrity(self) -> None:
         self.flush()
-        with self._lock:
-            index = dict(self._index)
-            assert sum(index.values()) == self._used, "used bytes != sum of indexed sizes"
-            assert self._used <= self.capacity_bytes, "over capacity"
-            assert self._policy.keys() == set(index), "policy and index disagree"
+        self._index.check()
+        index = self._index.snapshot()
         missing = [k for k in index if not os.path.exists(self._path(k))]
         assert not missing, f"{len(missing)} indexed chunks missing on disk"
         mine = f".{os.getpid()}."
