@@ -111,12 +111,8 @@ class FileTier(Tier):
     def contains(self, key: ChunkKey) -> bool:
         if key in self._index or self._writer.pending(key):
             return True
-        try:  # written by another process sharing the directory?
-            size = os.stat(self._path(key)).st_size
-        except OSError:
-            return False
-        self._index.seen(key, size)
-        return True
+        path = self._path(key)  # written by another process sharing the directory?
+        return self._index.adopt(key, lambda: _file_size(path))
 
     def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
         """Like :meth:`contains`, but looks on disk only until the first absent key: a prefix
@@ -176,7 +172,8 @@ class FileTier(Tier):
         return True
 
     def _read_ok(self, key: ChunkKey, stored_bytes: int, start: float) -> None:
-        self._index.seen(key, HEADER_BYTES + stored_bytes)
+        path = self._path(key)  # adopt only a file that is still there (not evicted meanwhile)
+        self._index.adopt(key, lambda: _file_size(path))
         self._metrics.hit(stored_bytes, time.perf_counter() - start)
 
     def _read_failed(self, key: ChunkKey, exc: OSError | ChunkFormatError) -> None:
@@ -263,9 +260,8 @@ class FileTier(Tier):
 
     def _evict_for(self, size: int) -> bool:
         """Evict until ``size`` more bytes fit, then reserve them. False if that is impossible."""
-        fits, victims = self._index.reserve(size)
+        fits, victims = self._index.reserve(size, lambda k: _unlink(self._path(k)))
         for key in victims:
-            _unlink(self._path(key))
             self._metrics.evicted()
             self._emit(TierEvent("removed", self.name, key, reason="evicted"))
         return fits
@@ -340,6 +336,13 @@ def _check_params(capacity: int, queue_depth: int, queue_bytes: int, compression
         raise ConfigError(f"file tier queue bounds must be > 0, got {queue_depth}, {queue_bytes}")
     if compression not in COMPRESSIONS:
         raise ConfigError(f"unknown compression {compression!r}; known: {', '.join(COMPRESSIONS)}")
+
+
+def _file_size(path: str) -> int | None:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
 
 
 def _unlink(path: str) -> None:

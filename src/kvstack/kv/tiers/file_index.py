@@ -29,8 +29,8 @@ class FileIndex:
         return key in self._sizes
 
     def seen(self, key: ChunkKey, size: int) -> None:
-        """A chunk file was found or read: count the access, or adopt a file not indexed yet
-        (written by another process sharing the directory, or found at start)."""
+        """Count an access to ``key``, indexing it with ``size`` if it is not indexed yet (at
+        start, when the directory is scanned)."""
         with self._lock:
             if key in self._sizes:
                 self._policy.on_access(key)
@@ -38,6 +38,22 @@ class FileIndex:
             self._sizes[key] = size
             self._policy.on_insert(key)
             self._used += size
+
+    def adopt(self, key: ChunkKey, probe: Callable[[], int | None]) -> bool:
+        """Whether ``key`` is indexed, or adopted now: ``probe()`` gives the size of its file
+        (written by another process sharing the directory) or None. The probe runs under the
+        lock, so it cannot race with an eviction that deletes the file."""
+        with self._lock:
+            if key in self._sizes:
+                self._policy.on_access(key)
+                return True
+            size = probe()
+            if size is None:
+                return False
+            self._sizes[key] = size
+            self._policy.on_insert(key)
+            self._used += size
+            return True
 
     def forget(self, key: ChunkKey) -> bool:
         """Drop ``key``; False if it was not indexed."""
@@ -49,9 +65,10 @@ class FileIndex:
             self._used -= size
             return True
 
-    def reserve(self, size: int) -> tuple[bool, list[ChunkKey]]:
+    def reserve(self, size: int, delete: Callable[[ChunkKey], None]) -> tuple[bool, list[ChunkKey]]:
         """Make room for ``size`` bytes and reserve them; whether that worked, and the keys
-        evicted for it (already dropped from the index; the caller deletes their files)."""
+        evicted for it. ``delete(key)`` removes a victim's file under the lock (so a concurrent
+        :meth:`adopt` never indexes a file that is about to go)."""
         victims: list[ChunkKey] = []
         with self._lock:
             while self._used + size > self.capacity_bytes:
@@ -60,6 +77,7 @@ class FileIndex:
                     break
                 key = ChunkKey(victim)  # type: ignore[arg-type]
                 self._used -= self._sizes.pop(key)
+                delete(key)
                 victims.append(key)
             fits = self._used + size <= self.capacity_bytes
             if fits:
