@@ -103,6 +103,7 @@ class RequestError(RouterError):
         param: str | None = None,
         code: str | None = None,
         kind: str = "invalid_request_error",
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -110,6 +111,7 @@ class RequestError(RouterError):
         self.param = param
         self.code = code
         self.kind = kind
+        self.retry_after_s = retry_after_s  # sent as Retry-After (a 429 or 503 that may pass)
 
 
 class AuthenticationError(RequestError):

@@ -243,6 +243,10 @@ class RouterConfig(Section):
     pipeline: PipelineConfig | None = Field(
         default=None, description="explicit pipeline; overrides policy"
     )
+    admission: PluginSpec = Field(
+        default_factory=lambda: PluginSpec(name="immediate"),
+        description="admission plugin run before a backend is chosen (priorities, shedding)",
+    )
     models: list[ModelRoute] = Field(default_factory=list, description="weighted model routes")
     model_aliases: dict[str, str] = Field(
         default_factory=dict, description="alias -> model or route name"

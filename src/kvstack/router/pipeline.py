@@ -28,7 +28,7 @@ from kvstack.router.plugins.base import (
 )
 from kvstack.router.request import RoutingRequest
 
-__all__ = ["Decision", "Pipeline", "eligible_backends", "preset"]
+__all__ = ["Decision", "Pipeline", "build_plugin", "eligible_backends", "preset"]
 
 _EPS = 1e-9
 P = TypeVar("P", bound=Plugin)
@@ -66,12 +66,12 @@ class Pipeline:
 
     @classmethod
     def from_config(cls, config: PipelineConfig, context: PluginContext) -> Pipeline:
-        filters = [_build(FILTERS.get(s.name), s, context) for s in config.filters]
+        filters = [build_plugin(FILTERS.get(s.name), s, context) for s in config.filters]
         scorers = [
-            WeightedScorer(_build(SCORERS.get(s.name), s, context), s.weight)
+            WeightedScorer(build_plugin(SCORERS.get(s.name), s, context), s.weight)
             for s in config.scorers
         ]
-        picker = _build(PICKERS.get(config.picker.name), config.picker, context)
+        picker = build_plugin(PICKERS.get(config.picker.name), config.picker, context)
         return cls(filters, scorers, picker)
 
     def plugins(self) -> list[Plugin]:
@@ -157,7 +157,8 @@ def preset(policy: str) -> PipelineConfig:
     return presets[policy]
 
 
-def _build(cls: type[P], spec: PluginSpec, context: PluginContext) -> P:
+def build_plugin(cls: type[P], spec: PluginSpec, context: PluginContext) -> P:
+    """``cls(context, **spec.args)``; bad arguments are a ConfigError naming the plugin."""
     try:
         return cls(context, **spec.args)
     except (TypeError, ValueError) as exc:

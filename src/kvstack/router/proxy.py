@@ -1,5 +1,6 @@
-"""Forwarding with retries: decide, account, attempt; on a failure before the commit point,
-back off and try another backend (bounded attempts); never retry once bytes reached the client.
+"""Forwarding with retries: admit, decide, account, attempt; on a failure before the commit
+point, back off and try another backend (bounded attempts); never retry once bytes reached the
+client.
 
 Per attempt: the pipeline picks a backend among the eligible ones not tried yet; its load lease
 is taken at once (so concurrent decisions see it), the prefill share is returned at the first
@@ -16,10 +17,11 @@ from collections.abc import Sequence
 from typing import cast
 
 from kvstack.errors import NoBackendError, UpstreamError
+from kvstack.router.admission import Admission, ImmediateAdmission
 from kvstack.router.backends import BackendPool, BackendState
 from kvstack.router.config import RouterConfig
 from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
-from kvstack.router.plugins.base import RequestObserver
+from kvstack.router.plugins.base import PluginContext, RequestObserver
 from kvstack.router.relay import Exchange, Relay
 from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
 from kvstack.router.responses import HOP_BY_HOP, Send
@@ -44,12 +46,14 @@ class Proxy:
         telemetry: Telemetry,
         observers: Sequence[RequestObserver] = (),
         rng: random.Random | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
         self.pipeline = pipeline
         self.telemetry = telemetry
         self.observers = list(observers)
+        self.admission = admission or ImmediateAdmission(PluginContext())
         self._rng = rng or random.Random()
         retry_statuses = frozenset(config.retry.on_status)
         self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
@@ -62,11 +66,13 @@ class Proxy:
     ) -> None:
         """Answer ``request`` from some backend, or raise UpstreamError / NoBackendError
         (only ever before the commit point)."""
+        permit = await self.admission.admit(request)
         total = Deadline(self.config.timeouts.total_s, "total")
         try:
             await self._forward(request, body, send, exchange, total)
         finally:
             total.cancel()
+            permit.release()
 
     async def _forward(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -107,4 +108,7 @@ async def send_json(
 
 
 async def send_error(send: Send, error: RequestError, extra: RawHeaders | None = None) -> None:
-    await send_bytes(send, error.status, error_body(error), extra=extra)
+    headers = list(extra or ())
+    if error.retry_after_s is not None:
+        headers.append((b"retry-after", b"%d" % max(1, math.ceil(error.retry_after_s))))
+    await send_bytes(send, error.status, error_body(error), extra=headers)

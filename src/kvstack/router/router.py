@@ -12,14 +12,15 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from kvstack.router.admission import ADMISSIONS
 from kvstack.router.auth import ApiKeys
 from kvstack.router.backends import Backend, BackendPool, BackendState
 from kvstack.router.config import RouterConfig
 from kvstack.router.discovery import Discovery, make_discovery
 from kvstack.router.health import HealthChecker
 from kvstack.router.model_routes import ModelRouter
-from kvstack.router.pipeline import Pipeline, preset
-from kvstack.router.plugins.base import PluginContext
+from kvstack.router.pipeline import Pipeline, build_plugin, preset
+from kvstack.router.plugins.base import Plugin, PluginContext
 from kvstack.router.proxy import Proxy, observers_of
 from kvstack.router.scraper import MetricsScraper
 from kvstack.router.telemetry import Telemetry
@@ -43,6 +44,9 @@ class Router:
         self.telemetry = Telemetry()
         self.context = PluginContext(rng=rng)
         self.pipeline = Pipeline.from_config(config.pipeline or preset(config.policy), self.context)
+        self.admission = build_plugin(
+            ADMISSIONS.get(config.admission.name), config.admission, self.context
+        )
         self.models = ModelRouter(config.models, config.model_aliases, rng)
         self.health = HealthChecker(
             self.pool, self.client, config.health, on_round=self.auth.reload_if_changed
@@ -54,8 +58,9 @@ class Router:
             self.pipeline,
             self.upstreams,
             self.telemetry,
-            observers_of(self.pipeline.plugins()),
+            observers_of(self.plugins()),
             rng,
+            self.admission,
         )
         self._started = False
 
@@ -64,7 +69,7 @@ class Router:
         await self.discovery.start(self._publish)
         await self.health.start()
         await self.scraper.start()
-        for plugin in self.pipeline.plugins():
+        for plugin in self.plugins():
             await plugin.start()
         self._started = True
         log.info(
@@ -75,7 +80,7 @@ class Router:
         )
 
     async def close(self) -> None:
-        for plugin in reversed(self.pipeline.plugins()):
+        for plugin in reversed(self.plugins()):
             await plugin.close()
         await self.scraper.close()
         await self.health.close()
@@ -83,6 +88,9 @@ class Router:
         await self.client.close()
         self.upstreams.close()
         self._started = False
+
+    def plugins(self) -> list[Plugin]:
+        return [self.admission, *self.pipeline.plugins()]
 
     def _publish(self, backends: Sequence[Backend]) -> None:
         self.pool.apply(backends)

@@ -52,6 +52,7 @@ class UpstreamConnection(asyncio.Protocol):
         self._error: BaseException | None = None
         self._got_bytes = False
         self._until_eof = False  # neither content-length nor chunked: the body ends at close
+        self._keep_alive = False  # read at the head: httptools forgets it once complete
         self.complete = False
 
     # -- the request side
@@ -94,7 +95,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.complete and not self.closed and self._parser.should_keep_alive()
+        return self.complete and not self.closed and self._keep_alive
 
     def abort(self, exc: BaseException) -> None:
         """Fail the current request with ``exc`` and drop the connection."""
@@ -134,6 +135,7 @@ class UpstreamConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.status = self._parser.get_status_code()
+        self._keep_alive = self._parser.should_keep_alive()
         names = {name for name, _ in self.headers}
         self._until_eof = (
             b"content-length" not in names

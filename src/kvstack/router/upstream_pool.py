@@ -123,6 +123,8 @@ class Deadline:
     """A point in time after which the watched connection is aborted with ``TimeoutError``
     (a timer handle, far cheaper than a timeout context per request)."""
 
+    __slots__ = ("_handle", "_loop", "at", "expired", "what")
+
     def __init__(self, seconds: float, what: str) -> None:
         self._loop = asyncio.get_running_loop()
         self.at = self._loop.time() + seconds
