@@ -175,7 +175,10 @@ def _wait_healthy(url: str) -> None:
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvstack bench index", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="kvstack bench index",
+        description="Cluster KV index: 128K-token lookup latency with 1M chunks indexed.",
+    )
     parser.add_argument("--entries", type=int, default=1_000_000, help="chunks indexed")
     parser.add_argument("--lookups", type=int, default=300, help="lookups per figure")
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP figures")

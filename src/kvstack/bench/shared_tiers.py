@@ -254,7 +254,8 @@ def _print(result: dict[str, Any]) -> None:
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="kvstack bench shared", description=__doc__.split("\n")[0]
+        prog="python -m kvstack.bench.shared_tiers",
+        description="Redis batched get and peer fetch of 32 MiB chunks against loopback TCP.",
     )
     parser.add_argument("--chunks", type=int, default=8, help="32 MiB chunks per batched call")
     parser.add_argument("--rounds", type=int, default=5, help="rounds per figure (median)")
