@@ -248,7 +248,7 @@ def _print(report: dict[str, Any], console: Console) -> None:
     for name, bar in report["bars"].items():
         mark = "[green]meets[/green]" if bar["ok"] else "[red]misses[/red]"
         figure = (
-            f"{bar['ratio']:.2f}× ≥ {bar['bar']}×"
+            f"{bar['ratio']:.3f}× ≥ {bar['bar']}×"
             if "ratio" in bar
             else f"{bar['ms']:.2f} ms < {bar['bar_ms']} ms"
         )

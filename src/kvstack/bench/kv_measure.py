@@ -1,14 +1,16 @@
 """Measurements behind ``kvstack bench kv``: tier throughput and its references, per shape.
 
 Every figure is a median over rounds; within a round the references and the tiers run one after
-the other on the same data, so machine noise hits them alike. Each round stores chunks under new
+the other on the same data, and a ratio is the median of the per-round ratios, so load that
+drifts during the run hits a tier and its reference alike. Each round stores chunks under new
 keys (the CPU tier is full and evicts, as in steady state) and reads back what it just stored
 (the page cache is warm for the file tier, as for a hot disk tier).
 
 - memcpy: ``torch`` copy of each chunk into a preallocated buffer (the same thread settings as
   the CPU tier's copies);
-- raw write: one new file per chunk, ``write`` + (``fsync``) + close, no checksum;
-- raw read: ``readinto`` of those files into preallocated buffers.
+- raw write: one new file per chunk, ``write`` + (``fsync``) + close, no checksum, measured next
+  to each file-tier variant with that variant's ``fsync`` setting;
+- raw read: ``readinto`` of those files into preallocated buffers (page cache warm).
 """
 
 from __future__ import annotations
@@ -145,16 +147,16 @@ def _round(
     record("memcpy", _timed(lambda: [o.copy_(c) for o, c in zip(outs, chunks, strict=True)]))
     keys = _fill(cpu, chunks, f"r{r}", timer=lambda s: record("cpu.store", s))
     record("cpu.retrieve", _timed(lambda: _get_all(cpu, keys, outs)))
-    for fsync in sorted({v.fsync for v in variants}):
+    for v in variants:  # each file tier right next to its own raw-file references
         paths = [raw_dir / f"{i}.{r}" for i in range(len(chunks))]
-        record(_raw("write", fsync), _timed(partial(_raw_write, paths, chunks, fsync)))
-        record(_raw("read", fsync), _timed(partial(_raw_read, paths, outs)))
+        tier = files[v.name]
+        write_ref = _timed(partial(_raw_write, paths, chunks, v.fsync))
+        record(f"{v.name}.ref.write", write_ref)
+        keys = _fill(tier, chunks, f"r{r}", timer=partial(record, f"{v.name}.store"))
+        record(f"{v.name}.ref.read", _timed(partial(_raw_read, paths, outs)))
+        record(f"{v.name}.retrieve", _timed(partial(_get_all, tier, keys, outs)))
         for p in paths:
             p.unlink()
-    for v in variants:
-        tier = files[v.name]
-        keys = _fill(tier, chunks, f"r{r}", timer=partial(record, f"{v.name}.store"))
-        record(f"{v.name}.retrieve", _timed(partial(_get_all, tier, keys, outs)))
         for k in keys:
             tier.remove(k)
 
@@ -181,10 +183,6 @@ def _fill(
 def _get_all(tier: Tier, keys: list[ChunkKey], outs: list[torch.Tensor]) -> None:
     if not all(tier.get_many_into(keys, outs)):
         raise RuntimeError(f"tier {tier.name} missed a chunk it had just stored")
-
-
-def _raw(op: str, fsync: bool) -> str:
-    return f"raw.{op}" + (".fsync" if fsync and op == "write" else "")
 
 
 def _raw_write(paths: list[Path], chunks: list[torch.Tensor], fsync: bool) -> None:
@@ -216,30 +214,37 @@ def _summarise(
     samples: Samples,
 ) -> ShapeResult:
     med = {name: statistics.median(values) for name, values in samples.items()}
+
+    def ratio(name: str, ref: str) -> float:
+        # Per round first: a tier and its reference ran seconds apart, so load that drifts
+        # over the run cancels out of their ratio.
+        return statistics.median(a / b for a, b in zip(samples[name], samples[ref], strict=True))
+
+    refs = {v.fsync: v.name for v in reversed(variants)}  # the first variant of each setting
+    fsync_ref = refs.get(True)
     result = ShapeResult(
         shape.name,
         shape.chunk_bytes,
         num_chunks,
         med["memcpy"],
-        med["raw.write"],
-        med["raw.read"],
-        med.get("raw.write.fsync"),
+        med[f"{refs[False]}.ref.write"],
+        med[f"{refs[False]}.ref.read"],
+        med[f"{fsync_ref}.ref.write"] if fsync_ref else None,
     )
     result.tiers["cpu"] = TierResult(
         med["cpu.store"],
         med["cpu.retrieve"],
-        med["cpu.store"] / med["memcpy"],
-        med["cpu.retrieve"] / med["memcpy"],
+        ratio("cpu.store", "memcpy"),
+        ratio("cpu.retrieve", "memcpy"),
     )
     for v in variants:
-        store, read = med[f"{v.name}.store"], med[f"{v.name}.retrieve"]
         stored_bytes_read = files[v.name].stats().bytes_read
         raw_bytes_read = num_chunks * shape.chunk_bytes * len(samples["memcpy"])
         result.tiers[v.name] = TierResult(
-            store,
-            read,
-            store / med[_raw("write", v.fsync)],
-            read / med["raw.read"],
+            med[f"{v.name}.store"],
+            med[f"{v.name}.retrieve"],
+            ratio(f"{v.name}.store", f"{v.name}.ref.write"),
+            ratio(f"{v.name}.retrieve", f"{v.name}.ref.read"),
             compression_ratio=raw_bytes_read / stored_bytes_read if stored_bytes_read else 1.0,
         )
     return result
