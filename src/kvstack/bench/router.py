@@ -107,7 +107,7 @@ def _latency_rounds(
     targets: dict[str, str], args: argparse.Namespace, workdir: Path
 ) -> list[dict[str, dict[str, float]]]:
     """One dict per round: target -> its open-loop summary."""
-    for name, url in targets.items():  # warm-up: connections, caches, JIT-free but lazy paths
+    for url in targets.values():  # warm-up: connections, pools, lazily imported paths
         run_open_loop(url + PATH, args.rate, min(1.0, args.round_s / 2), workdir / "warm.json")
     rounds: list[dict[str, dict[str, float]]] = []
     for order in _rotations(list(targets), args.rounds):
