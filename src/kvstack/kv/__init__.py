@@ -12,8 +12,19 @@ if TYPE_CHECKING:
     from kvstack.kv.cache import CacheStats, KVCache
     from kvstack.kv.config import KVConfig
     from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
+    from kvstack.kv.tiers import Tier, TierEvent, make_tier
 
-__all__ = ["CacheStats", "ChunkKey", "KVCache", "KVConfig", "Namespace", "chunk_keys"]
+__all__ = [
+    "CacheStats",
+    "ChunkKey",
+    "KVCache",
+    "KVConfig",
+    "Namespace",
+    "Tier",
+    "TierEvent",
+    "chunk_keys",
+    "make_tier",
+]
 
 _LAZY = {
     "CacheStats": "kvstack.kv.cache",
@@ -22,6 +33,9 @@ _LAZY = {
     "ChunkKey": "kvstack.kv.keys",
     "Namespace": "kvstack.kv.keys",
     "chunk_keys": "kvstack.kv.keys",
+    "Tier": "kvstack.kv.tiers",
+    "TierEvent": "kvstack.kv.tiers",
+    "make_tier": "kvstack.kv.tiers",
 }
 
 

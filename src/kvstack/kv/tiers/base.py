@@ -15,6 +15,9 @@ Contract, for every implementation:
   match; after ``False`` the contents of ``out`` are undefined;
 - ``put`` accepts any tensor (strided, on any device); it returns ``True`` if the chunk is held
   or queued to be written, ``False`` if it was not accepted (full, queue full, closed);
+- a tier that writes in the background should serve reads of chunks still queued (as the
+  file tier does), and ``remove`` should cancel a queued write: in write-back, an evicted chunk
+  travels through the next tier's queue and must stay findable;
 - I/O failures of optional remote tiers may raise :class:`~kvstack.errors.TierError` or any
   ``OSError``; the cache counts them and treats them as misses;
 - all methods are thread-safe.
@@ -25,8 +28,10 @@ reserves the chunk's memory inside the tier and returns a writable tensor (or ``
 (``ok=True``) or releases the memory. Until then the key is neither visible nor evictable. This
 lets the vLLM connector gather paged KV blocks straight into tier memory, with no staging copy.
 
-Tiers report stored and removed keys to listeners (``add_listener``): the cache demotes evicted
-chunks to the next tier and forwards events to vLLM's KV event stream and the index service.
+Tiers report stored and removed keys to listeners (``add_listener``), on the thread that made
+the change: the cache demotes evicted chunks to the next tier and forwards events to vLLM's KV
+event stream and the index service. ``TierEvent.chunk`` of an eviction is valid only during the
+call.
 """
 
 from __future__ import annotations
