@@ -93,6 +93,18 @@ class TierContract:
         got = tier.get(key(1))
         assert got is not None and torch.equal(got, chunk(2))
 
+    def test_a_chunk_is_readable_right_after_put(self, tier: Tier) -> None:
+        assert tier.put(key(1), chunk(1))  # no flush: it may still be in a write queue
+        assert tier.contains(key(1))
+        out = torch.empty(SHAPE, dtype=torch.float16)
+        assert tier.get_into(key(1), out) and torch.equal(out, chunk(1))
+
+    def test_remove_right_after_put_wins(self, tier: Tier) -> None:
+        assert tier.put(key(1), chunk(1))
+        tier.remove(key(1))  # may cancel a queued write
+        assert tier.flush(timeout_s=30)
+        assert not tier.contains(key(1)) and tier.get(key(1)) is None
+
     def test_batched_forms_agree_with_single_ones(self, tier: Tier) -> None:
         keys = [key(i) for i in range(6)]
         assert all(tier.put_many(keys[:4], [chunk(i) for i in range(4)]))
