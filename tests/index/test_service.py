@@ -178,3 +178,19 @@ def test_index_server_command(tmp_path: Path) -> None:
     bad = ManagedProcess("index", [*argv[:4], "--port", "70000"], tmp_path / "bad.log").start()
     assert bad.proc is not None and bad.proc.wait(timeout=30) == 2
     assert "index.service.port" in (tmp_path / "bad.log").read_text()
+
+
+async def test_async_client_for_routers(index_server: IndexServerThread) -> None:
+    from kvstack.index.client import AsyncIndexClient
+
+    with engine(index_server.url, "a", ["cpu://?size=1MiB"]) as (cache, announcer):
+        cache.store(list(range(16)), kv(16), adapter="ad1@v1")
+        assert announcer.flush()
+        client = AsyncIndexClient(index_server.url)
+        try:
+            reply = await client.lookup(lookup_request("toy", list(range(20)), adapter="ad1@v1"))
+            assert reply.instances["a"].matched_tokens == 16
+            base = await client.lookup(lookup_request("toy", list(range(20))))
+            assert base.instances["a"].matched_tokens == 0  # adapters never share chunks
+        finally:
+            await client.aclose()
