@@ -52,6 +52,7 @@ __all__ = ["RouterApp"]
 
 log = logging.getLogger(__name__)
 CLIENT_CLOSED = 499  # nginx's convention for "the client went away"
+_watchers: set[asyncio.Task[None]] = set()  # strong references to pending watchers
 
 
 class RouterApp:
@@ -142,10 +143,16 @@ class RouterApp:
     async def _forward(
         self, request: RoutingRequest, body: bytes, receive: Receive, send: Send, ex: Exchange
     ) -> None:
-        """Proxy, and cancel the upstream request if the client disconnects meanwhile."""
+        """Proxy, and cancel the upstream request if the client disconnects meanwhile.
+
+        The watcher is never cancelled (cancelling a task costs ~30 µs, a third of the whole
+        request): once the response is complete uvicorn's ``receive`` returns at once, and the
+        watcher, seeing ``finished``, simply ends."""
         task = asyncio.current_task()
         assert task is not None
         watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
+        _watchers.add(watcher)
+        watcher.add_done_callback(_watchers.discard)
         try:
             await self.router.proxy.forward(request, body, send, ex)
         except asyncio.CancelledError:
@@ -156,7 +163,6 @@ class RouterApp:
             ex.status = CLIENT_CLOSED
         finally:
             ex.finished = True
-            watcher.cancel()
 
     def _observe(self, model: str, status: int, ex: Exchange, arrival_s: float) -> None:
         telemetry = self.router.telemetry
@@ -166,7 +172,8 @@ class RouterApp:
                 ex.client_first_byte_s - ex.upstream_first_byte_s
             )
             telemetry.added_latency(added)
-            telemetry.ttft(model, ex.client_first_byte_s - arrival_s)
+            if ex.streamed:
+                telemetry.ttft(model, ex.client_first_byte_s - arrival_s)
 
     async def _health(self, scope: Scope, send: Send) -> None:
         ok, report = self.router.health_report()

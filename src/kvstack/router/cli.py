@@ -98,8 +98,9 @@ def run(command: str, argv: list[str]) -> int:
         print("kvstack router: no backends; pass --backend URL or a config file", file=sys.stderr)
         return 2
     log_config_once("router", config)
-    from kvstack.router.server import build_server
+    from kvstack.router.server import build_server, tune_gc
 
     server = build_server(config)
+    tune_gc()
     server.run()
     return 0 if server.started else 1

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import msgspec
 
 from kvstack.errors import UpstreamError
 from kvstack.router.responses import HOP_BY_HOP, RawHeaders, Send
 from kvstack.router.upstream_conn import ConnectionLostError, UpstreamConnection
-from kvstack.router.upstream_pool import Deadline, UpstreamPool, build_request
+from kvstack.router.upstream_pool import Deadline, UpstreamPool, build_request, host_header
 
 __all__ = ["Exchange", "Opened", "Relay", "RetryableStatus", "sse_error_event"]
 
@@ -41,6 +40,7 @@ class Exchange:
     upstream_sent_s: float = 0.0  # perf_counter when the last attempt was sent
     upstream_first_byte_s: float = 0.0
     client_first_byte_s: float = 0.0
+    streamed: bool = False  # the answer went out in several writes (a stream)
     extra_headers: RawHeaders = field(default_factory=list)
 
 
@@ -100,7 +100,7 @@ class Relay:
     ) -> Opened:
         """Send and wait for the first body byte (all of it unless streaming); may raise
         UpstreamError (RetryableStatus for a 5xx): nothing has reached the client then."""
-        raw = build_request(path, urlsplit(base_url).netloc, headers, body)
+        raw = build_request(path, host_header(base_url), headers, body)
         first_byte = Deadline(self._first_byte_s, "first-byte")
         conn: UpstreamConnection | None = None
         try:
@@ -141,6 +141,7 @@ class Relay:
             ex.finished = True
             await send({"type": "http.response.body", "body": opened.first})
             return "ok"
+        ex.streamed = True
         return await self._stream(opened, send, ex, total)
 
     async def _stream(self, opened: Opened, send: Send, ex: Exchange, total: Deadline) -> str:

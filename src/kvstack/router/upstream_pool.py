@@ -12,6 +12,7 @@ uvicorn's 5 s default, which vLLM uses) are not reused.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl
 import time
 from collections import deque
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 from kvstack.errors import UpstreamError
 from kvstack.router.upstream_conn import ConnectionLostError, UpstreamConnection
 
-__all__ = ["UpstreamPool", "build_request"]
+__all__ = ["Deadline", "UpstreamPool", "build_request", "host_header"]
 
 _MAX_IDLE_PER_BACKEND = 512
 
@@ -149,6 +150,17 @@ class Deadline:
         conn.abort(TimeoutError(f"{self.what} timeout"))
 
 
+def host_header(base_url: str) -> str:
+    """The Host header for a backend URL (``host:port``)."""
+    return _netloc(base_url)
+
+
+@functools.lru_cache(maxsize=4096)
+def _netloc(base_url: str) -> str:
+    return urlsplit(base_url).netloc
+
+
+@functools.lru_cache(maxsize=4096)  # parsed once per backend URL, not per request
 def _address(base_url: str) -> tuple[str, int, bool]:
     parts = urlsplit(base_url)
     tls = parts.scheme == "https"
