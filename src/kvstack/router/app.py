@@ -3,26 +3,24 @@
 Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (proxied, streaming or
 not), ``GET /v1/models``, ``GET /health`` (503 when no backend is usable) and ``GET /metrics``.
 
-Why this HTTP stack (measured, not guessed): on the 2-core development machine, with ``wrk``
-(1 thread, 8 and 64 connections) driving a minimal JSON-forwarding proxy in front of the
-trivial upstream of :mod:`kvstack.router.perf.upstream`, all three sharing the two cores:
+Why this HTTP stack (measured, not guessed) — on the 2-core development machine, ``wrk``
+(1 thread) driving a minimal JSON-forwarding proxy in front of the trivial upstream of
+:mod:`kvstack.router.perf.upstream`, all three sharing the two cores (req/s at 8 / 64
+connections):
 
-====================================  ============  =============
-front end + upstream client            req/s (c=8)   req/s (c=64)
-====================================  ============  =============
-raw ASGI on uvicorn (httptools,        7,000         6,960
-uvloop) + aiohttp ClientSession
-Starlette on the same uvicorn          4,900         4,670
-+ aiohttp
-aiohttp.web server + aiohttp client    5,270         5,530
-raw ASGI on uvicorn + httpx            37            29 (timeouts)
-AsyncClient
-====================================  ============  =============
+- bare ASGI callable on uvicorn (httptools, uvloop) + aiohttp client: 7,000 / 6,960
+- Starlette on the same uvicorn + aiohttp client: 4,900 / 4,670
+- aiohttp.web server + aiohttp client: 5,270 / 5,530
+- bare ASGI on uvicorn + httpx AsyncClient: 37 / 29 (with timeouts; one sequential POST took
+  ~1.7 ms against aiohttp's ~0.17 ms)
 
-So: uvicorn with httptools and uvloop running a hand-routed ASGI callable (Starlette's request
-objects and routing cost ~30%), and one aiohttp session with keep-alive pools to every backend
-(httpx's pooled client collapsed under concurrency; a single sequential POST also took ~1.7 ms
-against aiohttp's ~0.17 ms). JSON is parsed with msgspec.
+So uvicorn with httptools and uvloop runs a hand-routed ASGI callable (Starlette's request
+objects and routing cost ~30%). For the upstream side, CPU per request decided: aiohttp's
+client spent ~110 µs per POST and answer, a bare ``asyncio.Protocol`` with httptools ~8 µs
+(:mod:`kvstack.router.upstream_conn`), so proxied requests use that lean client and aiohttp
+serves only the control plane. JSON is parsed with msgspec. Where the rest goes (py-spy and
+in-process measurement): socket writes and reads (the kernel's loopback TCP), uvicorn's own
+~30 µs, and ~50 µs of the router's logic (parsing, pipeline, accounting, metrics).
 """
 
 from __future__ import annotations
