@@ -10,7 +10,7 @@ import pytest
 
 from kvstack.errors import ConfigError, NoBackendError
 from kvstack.router.backends import Backend, BackendState
-from kvstack.router.config import PipelineConfig, PluginSpec
+from kvstack.router.config import EjectionConfig, PipelineConfig, PluginSpec
 from kvstack.router.engine_metrics import EngineMetrics
 from kvstack.router.pipeline import Pipeline, eligible_backends, preset
 from kvstack.router.plugins import FILTERS, PICKERS, SCORERS, PluginContext
@@ -153,10 +153,19 @@ def test_eligible_backends_explain_why_none() -> None:
     with pytest.raises(NoBackendError, match="failed this request"):
         eligible_backends([a, b], "m", exclude=["a", "b"])
     a.healthy = False
-    with pytest.raises(NoBackendError, match="unhealthy or ejected"):
+    with pytest.raises(NoBackendError, match="failing its health checks"):
         eligible_backends([a], "m")
     with pytest.raises(NoBackendError, match="no backends"):
         eligible_backends([], "m")
+
+
+def test_ejected_backends_are_avoided_but_used_when_all_are_ejected() -> None:
+    config = EjectionConfig(consecutive_failures=1, base_lease_s=60, max_lease_s=60)
+    a, b = state("a"), state("b")
+    a.record_failure(config, "connect")
+    assert eligible_backends([a, b], "m") == [b]
+    b.record_failure(config, "connect")
+    assert eligible_backends([a, b], "m") == [a, b]  # panic: better than a certain 503
 
 
 def test_bad_plugin_names_and_args_are_config_errors() -> None:

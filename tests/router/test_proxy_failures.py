@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import aiohttp
+from prometheus_client import REGISTRY
 
 from tests.router.conftest import RouterFactory, engines
 from tests.router.fake_engine import FakeEngine
@@ -73,6 +74,23 @@ async def test_ejection_lease_is_bounded(
         served = {(await _post(http, r.url))[1]["x-kvstack-backend"] for _ in range(4)}
         assert flaky.url in served  # back after the lease, and healthy again
         assert not state.ejection.is_ejected(time.monotonic()) and state.ejection.failures == 0
+
+
+async def test_a_lone_ejected_backend_still_serves_and_health_stays_green(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    flaky = FakeEngine("flaky", fail_next=2)
+    lease = {"ejection": {"base_lease_s": 30, "max_lease_s": 30}, "retry": {"max_attempts": 1}}
+    async with engines(flaky), run_router([flaky], **lease) as r:
+        assert [(await _post(http, r.url))[0] for _ in range(2)] == [500, 500]
+        assert r.router.pool.get(flaky.url).ejection.is_ejected(time.monotonic())
+        panics = REGISTRY.get_sample_value("kvstack_router_panic_routing_total") or 0.0
+        status, _ = await _post(http, r.url)
+        assert status == 200  # every candidate ejected: route anyway, do not answer 503
+        async with http.get(f"{r.url}/health") as resp:
+            report = await resp.json()
+            assert resp.status == 200 and report["backends"][flaky.url]["ejected"] is False
+        assert REGISTRY.get_sample_value("kvstack_router_panic_routing_total") == panics + 1
 
 
 async def test_first_byte_timeout_retries_then_gives_504(

@@ -118,8 +118,13 @@ class BackendState:
         return None if self._scrape is None else time.monotonic() - self._scrape.scraped_at_s
 
     # -- updates
+    @property
+    def reachable(self) -> bool:
+        """Not failing its active health checks (an unchecked backend counts as reachable)."""
+        return self.healthy is not False
+
     def usable(self, now_s: float) -> bool:
-        """Healthy (or not checked yet) and not ejected."""
+        """Reachable and not ejected: the backends routing prefers."""
         return self.healthy is not False and not self.ejection.is_ejected(now_s)
 
     def set_engine_metrics(self, metrics: EngineMetrics) -> None:
@@ -189,6 +194,9 @@ class BackendPool:
     def usable(self) -> list[BackendState]:
         now_s = time.monotonic()
         return [s for s in self._states.values() if s.usable(now_s)]
+
+    def reachable(self) -> list[BackendState]:
+        return [s for s in self._states.values() if s.reachable]
 
     def __len__(self) -> int:
         return len(self._states)

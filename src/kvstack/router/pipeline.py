@@ -27,6 +27,7 @@ from kvstack.router.plugins.base import (
     ScoreResult,
 )
 from kvstack.router.request import RoutingRequest
+from kvstack.router.telemetry import PANIC
 
 __all__ = ["Decision", "Pipeline", "build_plugin", "eligible_backends", "preset"]
 
@@ -129,19 +130,25 @@ class Pipeline:
 def eligible_backends(
     states: Sequence[BackendState], target: str, exclude: Collection[str] = ()
 ) -> list[BackendView]:
-    """Usable backends serving ``target``, not in ``exclude``; NoBackendError says why none."""
+    """Backends serving ``target`` that are reachable and not in ``exclude``, the ejected ones
+    left out unless every candidate is ejected ("panic": passive ejection must not turn a
+    fleet that answers health checks into a 503); NoBackendError says why there is none."""
     now_s = time.monotonic()
     serving = [s for s in states if target in s.models]
-    eligible: list[BackendView] = [s for s in serving if s.id not in exclude and s.usable(now_s)]
+    reachable = [s for s in serving if s.id not in exclude and s.reachable]
+    eligible: list[BackendView] = [s for s in reachable if not s.ejection.is_ejected(now_s)]
     if eligible:
         return eligible
+    if reachable:
+        PANIC.inc()
+        return list(reachable)
     if not states:
         raise NoBackendError("no backends are configured or discovered")
     if not serving:
         raise NoBackendError(f"no backend serves model {target!r}")
     if all(s.id in exclude for s in serving):
         raise NoBackendError(f"every backend serving {target!r} failed this request")
-    raise NoBackendError(f"every backend serving {target!r} is unhealthy or ejected")
+    raise NoBackendError(f"every backend serving {target!r} is failing its health checks")
 
 
 def preset(policy: str) -> PipelineConfig:

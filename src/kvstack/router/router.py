@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -96,12 +97,13 @@ class Router:
         self.pool.apply(backends)
 
     def health_report(self) -> tuple[bool, dict[str, Any]]:
-        """(any backend usable, a JSON-able report per backend) for ``/health``."""
-        usable = {s.id for s in self.pool.usable()}
-        backends = {s.id: _backend_report(s, s.id in usable) for s in self.pool.states()}
-        return bool(usable), {
+        """(any backend reachable, a JSON-able report per backend) for ``/health``."""
+        now_s = time.monotonic()
+        backends = {s.id: _backend_report(s, now_s) for s in self.pool.states()}
+        usable = sum(1 for b in backends.values() if b["usable"])
+        return usable > 0, {
             "status": "ok" if usable else "unavailable",
-            "usable": len(usable),
+            "usable": usable,
             "total": len(backends),
             "backends": backends,
         }
@@ -117,12 +119,12 @@ class Router:
         return {"object": "list", "data": list(seen.values())}
 
 
-def _backend_report(state: BackendState, usable: bool) -> dict[str, Any]:
+def _backend_report(state: BackendState, now_s: float) -> dict[str, Any]:
     return {
         "url": state.url,
-        "usable": usable,
+        "usable": state.reachable,
         "healthy": state.healthy,
-        "ejected": not usable and state.healthy is not False,
+        "ejected": state.ejection.is_ejected(now_s),
         "in_flight": state.in_flight,
         "last_error": state.last_error or None,
     }

@@ -28,6 +28,10 @@ RETRIES = counter(
 UPSTREAM_ERRORS = counter(
     "kvstack_router_upstream_errors_total", "Backend failures by kind", ["backend", "kind"]
 )
+PANIC = counter(
+    "kvstack_router_panic_routing_total",
+    "Decisions among ejected backends because every candidate was ejected",
+)
 DISCONNECTS = counter(
     "kvstack_router_client_disconnects_total", "Clients gone before the answer ended"
 )
