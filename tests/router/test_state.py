@@ -81,6 +81,15 @@ def test_health_thresholds() -> None:
     assert _apply(s, True, config) and s.healthy
 
 
+def test_model_lists_name_adapters_and_their_base() -> None:
+    s = BackendState(Backend("a", "http://a:1"))
+    s.set_models([{"id": "base"}, {"id": "sql", "parent": "base"}, {"object": "junk"}], 1.0)
+    assert s.models == {"base", "sql"} and s.adapters == {"sql": "base"}
+    pinned = BackendState(Backend("b", "http://b:1", static_models=frozenset({"x"})))
+    pinned.set_models([{"id": "y"}], 1.0)
+    assert pinned.models == {"x"}  # a static list wins over what the backend says
+
+
 def test_pool_applies_snapshots_and_keeps_counters_of_changed_backends() -> None:
     pool = BackendPool()
     added: list[str] = []

@@ -45,7 +45,13 @@ class BackendView(Protocol):
     @property
     def backend(self) -> Backend: ...
     @property
-    def models(self) -> frozenset[str]: ...
+    def models(self) -> frozenset[str]:
+        """Every model name it serves, LoRA adapters included."""
+
+    @property
+    def adapters(self) -> Mapping[str, str]:
+        """The LoRA adapters among ``models``, each with its base model."""
+
     @property
     def in_flight(self) -> int: ...
     @property
@@ -77,6 +83,7 @@ class BackendState:
         self.model_entries: list[dict[str, Any]] = []
         self.models_read_at_s: float | None = None
         self._models: frozenset[str] = backend.static_models or frozenset()
+        self._adapters: dict[str, str] = {}
         self._scrape: EngineMetrics | None = None
         self._external_requests = 0.0
 
@@ -92,6 +99,10 @@ class BackendState:
     @property
     def models(self) -> frozenset[str]:
         return self._models
+
+    @property
+    def adapters(self) -> Mapping[str, str]:
+        return self._adapters
 
     @property
     def in_flight(self) -> int:
@@ -135,6 +146,10 @@ class BackendState:
     def set_models(self, entries: list[dict[str, Any]], now_s: float) -> None:
         self.model_entries = entries
         self.models_read_at_s = now_s
+        # vLLM lists an adapter with its base model as ``parent`` (a base model has none).
+        self._adapters = {
+            str(e["id"]): str(e["parent"]) for e in entries if "id" in e and e.get("parent")
+        }
         if self.backend.static_models is None:
             self._models = frozenset(str(e["id"]) for e in entries if "id" in e)
 
