@@ -147,3 +147,14 @@ async def test_connect_errors_and_dropped_connections() -> None:
 def test_build_request_frames_the_body() -> None:
     raw = build_request("/v1/x", "h:1", {"a": "b"}, b"12345")
     assert raw == b"POST /v1/x HTTP/1.1\r\nhost: h:1\r\ncontent-length: 5\r\na: b\r\n\r\n12345"
+
+
+async def test_an_interim_100_continue_is_skipped() -> None:
+    def interim(n: int, w: asyncio.StreamWriter) -> None:
+        w.write(b"HTTP/1.1 100 Continue\r\n\r\n" + OK)
+
+    async with Scripted(interim).running() as server:
+        pool = UpstreamPool(1.0)
+        assert await _roundtrip(pool, server.url) == (200, b"{}")
+        assert await _roundtrip(pool, server.url) == (200, b"{}")
+        assert server.num_connections == 1

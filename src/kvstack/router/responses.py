@@ -35,7 +35,7 @@ HOP_BY_HOP = frozenset(
     {
         "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
         "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade",
-        "host", "content-length", "date", "server",
+        "host", "content-length", "date", "server", "expect",
     }
 )  # fmt: skip
 

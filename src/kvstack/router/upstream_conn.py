@@ -134,6 +134,9 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self) -> None:
+        if 100 <= self._parser.get_status_code() < 200:
+            self.headers = []  # an interim answer (100 Continue): the real one follows
+            return
         self.status = self._parser.get_status_code()
         self._keep_alive = self._parser.should_keep_alive()
         names = {name for name, _ in self.headers}
@@ -153,6 +156,8 @@ class UpstreamConnection(asyncio.Protocol):
         self._wakeup()
 
     def on_message_complete(self) -> None:
+        if not self.status:
+            return  # the end of an interim answer
         self.complete = True
         self._wakeup()
 
