@@ -51,5 +51,6 @@ def build_server(config: RouterConfig, router: Router | None = None) -> uvicorn.
         date_header=False,
         timeout_keep_alive=75,  # longer than common client pools keep idle connections
         backlog=4096,
+        timeout_graceful_shutdown=30,  # streams may run for minutes; do not wait forever
     )
     return uvicorn.Server(server_config)
