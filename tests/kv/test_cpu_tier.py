@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import pytest
 import torch
@@ -167,3 +168,25 @@ def test_bad_urls_are_config_errors(url: str, problem: str) -> None:
 def test_url_parameters() -> None:
     tier = make_tier("cpu://?size=3MiB&policy=fifo", name="hot")
     assert isinstance(tier, CPUTier) and tier.capacity_bytes == 3 << 20 and tier.name == "hot"
+
+
+def test_first_puts_from_many_threads_land_in_one_arena() -> None:
+    # The arena allocates its buffer on first use; two first puts racing to allocate it once
+    # wrote into a buffer that was then replaced, and reads returned zeros.
+    for _ in range(30):
+        tier = CPUTier(64 << 20)  # large enough that allocating it takes a while
+        barrier = threading.Barrier(4)
+
+        def put(i: int, tier: CPUTier = tier, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            tier.put(key(i), chunk(i))
+
+        threads = [threading.Thread(target=put, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(4):
+            got = tier.get(key(i))
+            assert got is not None and torch.equal(got, chunk(i)), f"chunk {i} lost"
+        tier.close()

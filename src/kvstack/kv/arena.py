@@ -25,7 +25,7 @@ def extent_bytes(num_bytes: int) -> int:
 
 
 class Arena:
-    """Not thread-safe: the owning tier serialises calls under its lock."""
+    """Not thread-safe: the owning tier serialises calls under its lock (except :meth:`view`)."""
 
     def __init__(self, capacity_bytes: int, pin_memory: bool = False) -> None:
         self.capacity_bytes = capacity_bytes - capacity_bytes % ALIGN
@@ -38,6 +38,7 @@ class Arena:
 
     def alloc(self, num_bytes: int) -> int | None:
         """Offset of a new extent of ``num_bytes`` (rounded up), or None if none fits."""
+        self._ensure()  # here, under the owner's lock: two first views must not race to allocate
         size = extent_bytes(num_bytes)
         bucket = self._free_by_size.get(size)
         if bucket:
@@ -58,8 +59,13 @@ class Arena:
         self.free_bytes += size
 
     def view(self, offset: int, num_bytes: int) -> torch.Tensor:
-        """A uint8 tensor over the extent, sharing the arena's storage."""
-        return self._ensure()[offset : offset + num_bytes]
+        """A uint8 tensor over the extent, sharing the arena's storage. Safe without the
+        owner's lock (the buffer exists once anything was allocated); after :meth:`release`
+        it is scratch memory whose contents nobody will read."""
+        buffer = self._buffer
+        if buffer is None:
+            return torch.empty(num_bytes, dtype=torch.uint8)
+        return buffer[offset : offset + num_bytes]
 
     def owned_view(self, offset: int, num_bytes: int) -> tuple[torch.Tensor, Any]:
         """A uint8 tensor over the extent with a storage of its own, and the object that storage
