@@ -75,6 +75,14 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll ``predicate`` until it holds (AssertionError after ``timeout_s``)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
 @asynccontextmanager
 async def engines(*specs: FakeEngine) -> AsyncIterator[list[FakeEngine]]:
     started = [await e.start() for e in specs]

@@ -109,7 +109,7 @@ def test_killed_engine_loses_no_request_that_had_not_started_streaming(fleet: Si
 
     with ThreadPoolExecutor(12) as pool:
         futures = [pool.submit(one, i) for i in range(12)]
-        time.sleep(0.4)  # requests are running on both sim-v1 engines
+        _wait_in_flight(fleet.router_url, victim_url)  # requests are running on it
         assert victim.pid is not None
         os.kill(victim.pid, signal.SIGKILL)
         results = [f.result(timeout=60) for f in futures]
@@ -137,6 +137,17 @@ def test_health_is_503_when_all_engines_are_down_and_recovers(fleet: SimFleet) -
     assert _wait_health(fleet.router_url, 200)
     done = fleet.client().completions.create(model="sim-v2", prompt="back", max_tokens=2)
     assert done.choices[0].text
+
+
+def _wait_in_flight(router_url: str, backend: str, timeout_s: float = 30.0) -> None:
+    wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
+            if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) > 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no request in flight on {backend}")
 
 
 def _wait_health(url: str, status: int, timeout_s: float = 10.0) -> bool:

@@ -7,7 +7,7 @@ from collections import Counter
 
 import aiohttp
 
-from tests.router.conftest import RouterFactory, engines
+from tests.router.conftest import RouterFactory, engines, until
 from tests.router.fake_engine import FakeEngine
 
 BODY = {"model": "toy", "prompt": "hi"}
@@ -36,11 +36,7 @@ async def test_round_robin_alternates(
 async def test_least_load_spreads_a_burst_using_decision_time_accounting(
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
-    fleet = [
-        FakeEngine("a", delay_s=0.3),
-        FakeEngine("b", delay_s=0.3),
-        FakeEngine("c", delay_s=0.3),
-    ]
+    fleet = [FakeEngine(n, delay_s=1.0) for n in "abc"]  # all 12 in flight at once
     # Scraping off: the spread must come from the router's own in-flight counts.
     async with (
         engines(*fleet),
@@ -55,7 +51,8 @@ async def test_least_load_uses_scraped_engine_queues(
 ) -> None:
     busy, idle = FakeEngine("busy", waiting_requests=20), FakeEngine("idle")
     async with engines(busy, idle), run_router([busy, idle], policy="least_load") as r:
-        await asyncio.sleep(0.2)  # a few scrapes
+        state = r.router.pool.get(busy.url)
+        await until(lambda: state.engine is not None and bool(state.engine.waiting))
         served = [await _backend(http, r.url) for _ in range(5)]
         assert set(served) == {idle.url}
         async with http.get(f"{r.url}/metrics") as resp:
@@ -93,7 +90,7 @@ async def test_session_affinity_pins_and_yields_when_saturated(
                 return resp.headers["x-kvstack-backend"], resp.headers["x-kvstack-decision"]
 
         first = asyncio.create_task(one())
-        await asyncio.sleep(0.05)
+        await until(lambda: sum(e.in_progress for e in fleet) == 1)  # it holds the pinned one
         second = await one()
         assert (await first)[0] in pinned and second[0] not in pinned
         assert "session_affinity=yield:in_flight" in second[1] and "reason=least_load" in second[1]

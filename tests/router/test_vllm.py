@@ -121,17 +121,17 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
 
     def one(i: int) -> int:
         done = client.completions.create(
-            model="toy", prompt=f"request {i}", max_tokens=64, extra_body={"ignore_eos": True}
+            model="toy", prompt=f"request {i}", max_tokens=200, extra_body={"ignore_eos": True}
         )
         assert done.usage is not None
         return done.usage.completion_tokens
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, i) for i in range(8)]
-        time.sleep(0.5)
+        _wait_in_flight(deployment.router_url, victim.url)  # requests are running on it
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
-        assert [f.result(timeout=300) for f in futures] == [64] * 8
+        assert [f.result(timeout=300) for f in futures] == [200] * 8
     metrics = httpx.get(f"{deployment.router_url}/metrics").text
     retried = [m for m in metrics.splitlines() if m.startswith("kvstack_router_retries_total")]
     assert sum(float(m.rsplit(" ", 1)[1]) for m in retried) >= 1, retried
@@ -145,6 +145,17 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
     assert _wait_health(deployment.router_url, 200)
     done = client.completions.create(model="toy", prompt="back again", max_tokens=2)
     assert done.choices[0].text is not None
+
+
+def _wait_in_flight(router_url: str, backend: str, timeout_s: float = 30.0) -> None:
+    wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
+            if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) > 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"no request in flight on {backend}")
 
 
 def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
