@@ -8,7 +8,7 @@ and 128 KiB of KV per token (Llama-3-8B in bf16: 32 layers x 8 KV heads x 128 x 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -21,7 +21,10 @@ class SimConfig(Section):
     # -- what it serves --------------------------------------------------------------------
     model: str = Field(default="sim-model", min_length=1, description="served model name")
     max_model_len: int = Field(
-        default=32768, gt=0, description="context limit (prompt + output tokens)"
+        default=32768,
+        gt=0,
+        description="context limit (prompt + output tokens); when not given, 32768 or the KV "
+        "capacity if smaller",
     )
     vocab_size: int = Field(
         default=32000, ge=64, le=1 << 31, description="token ids of the simple tokenizer"
@@ -103,6 +106,18 @@ class SimConfig(Section):
     )
     # -- output ------------------------------------------------------------------------------
     seed: int = Field(default=0, description="seed of the synthetic output tokens")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_max_model_len(cls, data: Any) -> Any:
+        """Without an explicit max_model_len, a small KV cache lowers the context limit."""
+        if isinstance(data, dict) and data.get("max_model_len") is None:
+            fields = cls.model_fields
+            blocks = data.get("num_blocks", fields["num_blocks"].default)
+            size = data.get("block_size", fields["block_size"].default)
+            if isinstance(blocks, int) and isinstance(size, int) and blocks > 0 and size > 0:
+                data = {**data, "max_model_len": min(32768, blocks * size)}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> SimConfig:
