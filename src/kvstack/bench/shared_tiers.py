@@ -109,7 +109,9 @@ def measure_redis(num_chunks: int, rounds: int, workdir: Path) -> dict[str, floa
             "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        tier = _wait_for_tier(f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=4GiB")
+        tier = _wait_for_tier(
+            f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=4GiB&timeout_s=30"
+        )
         figures = _tier_figures(tier, num_chunks, rounds, "r")
         figures["redis_py_get_gbps"] = _redis_py_gbps(port, tier, num_chunks, rounds)
         tier.close()
