@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -78,33 +77,38 @@ def test_damaged_payload_is_never_loaded(lender: tuple[CPUTier, PeerServer]) -> 
     client.close()
 
 
-class SlowTier(CPUTier):
+class BlockingTier(CPUTier):
+    """A tier whose reads wait until the test lets them go."""
+
+    def __init__(self) -> None:
+        super().__init__(1 << 20)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
     def get(self, key: ChunkKey) -> torch.Tensor | None:
-        time.sleep(0.5)
+        self.entered.set()
+        self.release.wait(30)
         return super().get(key)
 
 
-def test_busy_server_answers_at_once() -> None:
-    tier = SlowTier(1 << 20)
+def test_busy_server_answers_at_once_instead_of_queueing() -> None:
+    tier = BlockingTier()
     server = PeerServer([tier], PeerServerConfig(host="127.0.0.1", port=0, max_streams=1))
     server.start_background()
     k, c = keys(1)[0], chunk(1)
     tier.put(k, c)
+    address = f"127.0.0.1:{server.port}"
     try:
-        slow_results: list[object] = []
-        first = threading.Thread(
-            target=lambda: slow_results.append(
-                PeerClient(f"127.0.0.1:{server.port}").get([k], [None])
-            )
-        )
-        first.start()
-        time.sleep(0.2)  # the first transfer holds the only stream
-        start = time.perf_counter()
-        busy = PeerClient(f"127.0.0.1:{server.port}").get([k], [None])
-        assert busy is None and time.perf_counter() - start < 0.3
-        first.join()
-        assert slow_results[0] is not None
+        first: list[object] = []
+        reader = threading.Thread(target=lambda: first.append(PeerClient(address).get([k], [None])))
+        reader.start()
+        assert tier.entered.wait(30)  # the first transfer holds the only stream
+        assert PeerClient(address).get([k], [None]) is None  # BUSY, while the first still waits
+        tier.release.set()
+        reader.join(30)
+        assert first and first[0] is not None
     finally:
+        tier.release.set()
         server.stop()
 
 

@@ -56,7 +56,7 @@ def test_static_peer_list_and_a_dead_peer() -> None:
             start = time.perf_counter()
             for _ in range(5):
                 assert borrower.lookup(other) == 0  # refused connection: a miss
-            assert time.perf_counter() - start < 2
+            assert time.perf_counter() - start < 5  # refused at once, no timeouts
             assert borrower.stats().by_tier["peer"].extra["peers_open"] == 1.0
 
 

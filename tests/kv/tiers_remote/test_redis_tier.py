@@ -186,13 +186,15 @@ def test_bad_urls_name_the_problem(url: str, problem: str) -> None:
 
 def test_put_never_waits_for_a_stalled_server(tmp_path: Path) -> None:
     server = RedisServer(tmp_path).start()
-    tier = redis_tier(f"{server.url}?queue=2&timeout_s=0.3&breaker_failures=1&breaker_reset_s=60")
+    # A put that touched the network would wait out the 5 s socket timeout on a stopped server.
+    tier = redis_tier(f"{server.url}?queue=2&timeout_s=5&breaker_failures=1&breaker_reset_s=60")
     ks = keys(4, salt="stall")
+    chunks = [chunk(i, (64, 2, 16, 8, 64)) for i in range(4)]
     try:
         server.pause()
         start = time.perf_counter()
-        accepted = [tier.put(k, chunk(i, (64, 2, 16, 8, 64))) for i, k in enumerate(ks)]
-        assert time.perf_counter() - start < 0.25  # queued, not sent
+        accepted = [tier.put(k, c) for k, c in zip(ks, chunks, strict=True)]
+        assert time.perf_counter() - start < 2.5  # queued, not sent
         assert accepted[:2] == [True, True] and accepted[3] is False  # bounded queue
         assert tier.stats().dropped_writes >= 1
     finally:
