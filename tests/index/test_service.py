@@ -127,7 +127,7 @@ def test_silent_engines_are_forgotten(tmp_path: Path) -> None:
     from kvstack.index.config import IndexServiceConfig
     from tests.conftest import free_port
 
-    server = IndexServerThread(IndexServiceConfig(port=free_port(), instance_ttl_s=0.3)).start()
+    server = IndexServerThread(IndexServiceConfig(port=free_port(), instance_ttl_s=1.0)).start()
     client = IndexClient(server.url)
     try:
         with engine(server.url, "a", ["cpu://?size=1MiB"]) as (cache, _):
