@@ -13,6 +13,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "vllm": ("kvstack.bench.vllm", "TTFT with the kvstack connector on a real vLLM engine"),
     "router": ("kvstack.bench.router", "router-added latency and throughput"),
     "index": ("kvstack.bench.index", "prefix index and cluster index lookup speed"),
+    "sim": (
+        "kvstack.bench.sim_perf",
+        "simulator capacity: one engine's req/s, a fleet on this host",
+    ),
 }
 
 

@@ -62,6 +62,14 @@ class SimConfig(Section):
     time_scale: float = Field(
         default=1.0, gt=0, le=10000, description="simulated seconds per wall-clock second"
     )
+    catch_up_wall_s: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description="a step that ends up to this many wall seconds late (a GC pause, a busy "
+        "host) is caught up without shifting simulated time; later than that, time shifts "
+        "and the delay counts as lag",
+    )
     stream_interval: int = Field(
         default=1, ge=1, description="tokens per streamed chunk (vLLM's --stream-interval)"
     )
