@@ -102,7 +102,9 @@ class DiscoveryConfig(Section):
     kind: Literal["static", "kubernetes"] = Field(
         default="static", description="static: the `backends` list; kubernetes: pods by label"
     )
-    kubernetes: KubernetesConfig = Field(default_factory=KubernetesConfig)
+    kubernetes: KubernetesConfig = Field(
+        default_factory=KubernetesConfig, description="pod discovery (kind = kubernetes)"
+    )
 
 
 class HealthConfig(Section):
@@ -238,7 +240,9 @@ class RouterConfig(Section):
     backends: list[BackendConfig] = Field(
         default_factory=list, description="static backends (discovery.kind = static)"
     )
-    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
+    discovery: DiscoveryConfig = Field(
+        default_factory=DiscoveryConfig, description="where backends come from"
+    )
     policy: str = Field(default="least_load", description=f"preset pipeline: {', '.join(POLICIES)}")
     pipeline: PipelineConfig | None = Field(
         default=None, description="explicit pipeline; overrides policy"
@@ -254,13 +258,17 @@ class RouterConfig(Section):
     session_header: str = Field(
         default="x-session-id", description="header naming the session (else the `user` field)"
     )
-    health: HealthConfig = Field(default_factory=HealthConfig)
-    ejection: EjectionConfig = Field(default_factory=EjectionConfig)
-    scrape: ScrapeConfig = Field(default_factory=ScrapeConfig)
-    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig)
-    retry: RetryConfig = Field(default_factory=RetryConfig)
-    limits: LimitsConfig = Field(default_factory=LimitsConfig)
-    auth: AuthConfig = Field(default_factory=AuthConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig, description="active checks")
+    ejection: EjectionConfig = Field(
+        default_factory=EjectionConfig, description="passive ejection on failed traffic"
+    )
+    scrape: ScrapeConfig = Field(
+        default_factory=ScrapeConfig, description="reading the engines' /metrics"
+    )
+    timeouts: TimeoutsConfig = Field(default_factory=TimeoutsConfig, description="timeouts")
+    retry: RetryConfig = Field(default_factory=RetryConfig, description="retries")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="request limits")
+    auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys")
     seed: int | None = Field(default=None, description="seed of random choices (tests)")
 
     @field_validator("policy")
