@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import urllib.request
@@ -62,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         targets, procs = _start_all(args, workdir, stack)
@@ -69,6 +71,7 @@ def run(argv: list[str]) -> int:
         internal = _internal_added_ms(targets["kvstack"])
         throughput = _throughput_rounds(targets, procs, args, workdir)
     report = _report(latency, throughput, internal, args)
+    report["load_average"] = {"before": load_before, "after": os.getloadavg()[0]}
     _print(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -256,3 +259,8 @@ def _print(report: dict[str, Any]) -> None:
     if "ratios_kvstack_over_vllm_router" in report:
         print("kvstack / vllm-router:", report["ratios_kvstack_over_vllm_router"])
     print("bars:", report["bars"])
+    load = report["load_average"]
+    print(
+        f"1-minute load average {load['before']:.1f} before, {load['after']:.1f} after "
+        f"(on {os.cpu_count()} CPUs; above the CPU count the figures include waiting for a CPU)"
+    )
