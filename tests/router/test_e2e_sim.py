@@ -75,7 +75,8 @@ def test_openai_client_streams_and_not(fleet: SimFleet) -> None:
     done = client.completions.create(model="sim-v1", prompt="hello there", max_tokens=5)
     assert done.usage is not None and done.usage.completion_tokens == 5
     chunks = list(client.completions.create(model="sim-v1", prompt="hi", max_tokens=4, stream=True))
-    assert sum(1 for c in chunks if c.choices and c.choices[0].text) == 4
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert len(text.split()) == 4  # four tokens (a lagging engine may send two in one chunk)
     chat = client.chat.completions.create(
         model="sim", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
     )
@@ -150,11 +151,14 @@ def _wait_in_flight(router_url: str, backend: str, timeout_s: float = 30.0) -> N
     raise AssertionError(f"no request in flight on {backend}")
 
 
-def _wait_health(url: str, status: int, timeout_s: float = 10.0) -> bool:
+def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     with httpx.Client() as http:
         while time.monotonic() < deadline:
-            if http.get(f"{url}/health", timeout=5).status_code == status:
-                return True
+            try:
+                if http.get(f"{url}/health", timeout=5).status_code == status:
+                    return True
+            except httpx.TimeoutException:
+                pass  # a loaded machine: ask again
             time.sleep(0.1)
     return False

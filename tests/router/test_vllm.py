@@ -161,7 +161,10 @@ def _wait_in_flight(router_url: str, backend: str, timeout_s: float = 30.0) -> N
 def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if httpx.get(f"{url}/health", timeout=5).status_code == status:
-            return True
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == status:
+                return True
+        except httpx.TimeoutException:
+            pass  # a loaded machine: ask again
         time.sleep(0.2)
     return False
