@@ -29,14 +29,20 @@ def load(url: str, plan: LoadPlan, name: str = "unique", params: dict | None = N
     return asyncio.run(run_load(url, workload, plan, **kw))  # type: ignore[arg-type]
 
 
-def engine_mean(url: str, name: str) -> float:
+def engine_total(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics").text
-    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    return values[name + "_sum"] / values[name + "_count"]
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name)  # fmt: skip
+
+
+def engine_mean(url: str, name: str) -> float:
+    return engine_total(url, name + "_sum") / engine_total(url, name + "_count")
 
 
 def test_open_loop_measures_what_the_engine_saw(sim_process: SimProcessFactory) -> None:
-    (url,) = sim_process(**(TIMING | {"prefill_tokens_per_s": 8000.0}))
+    # Stalls over 5 ms count as lag, and lag skips the comparison: on a host that starves
+    # processes of CPU, the client's clock and the engine's part ways for reasons of its own.
+    (url,) = sim_process(**(TIMING | {"prefill_tokens_per_s": 8000.0, "catch_up_wall_s": 0.005}))
     plan = LoadPlan(rate=10.0, duration_s=6.0, seed=1)  # prefill 25% busy
     run = load(url, plan)
     n = len(run.results)
@@ -44,6 +50,9 @@ def test_open_loop_measures_what_the_engine_saw(sim_process: SimProcessFactory) 
     assert all(r.ok and r.output_tokens == 10 and r.prompt_tokens == 200 for r in run.results)
     summary = summarize(run.results, run.duration_s, SLO()).overall
     assert summary.prompt_tokens_mismatched == 0
+    lag = engine_total(url, "kvstack_sim_step_lag_seconds_total")
+    if lag > 0:
+        pytest.skip(f"this machine starved the simulator of CPU ({lag:.3f} s of step lag)")
     # The client sees what the engine saw, plus a little HTTP time.
     ttft = engine_mean(url, "vllm:time_to_first_token_seconds")
     tpot = engine_mean(url, "vllm:request_time_per_output_token_seconds")
@@ -57,7 +66,10 @@ def test_time_scale_converts_rates_and_times(sim_fleet: FleetFactory) -> None:
     plan = LoadPlan(rate=2.0, duration_s=20.0, seed=1, time_scale=10)  # 2 s of wall time
     run = load(fleet.urls[0], plan)
     assert 40 * 0.6 < len(run.results) < 40 * 1.4  # 2/s for 20 simulated seconds
-    assert 15.0 < max(r.start_s for r in run.results) < 20.5  # offsets in sim seconds
+    scheduled = [r.scheduled_s for r in run.results if r.scheduled_s is not None]
+    assert len(scheduled) == len(run.results)
+    assert 15.0 < max(scheduled) < 20.0  # planned offsets, in simulated seconds
+    assert all(r.start_s >= (r.scheduled_s or 0) - 1e-9 for r in run.results)
     assert run.duration_s >= 20.0
     ttfts = sorted(r.ttft_s for r in run.results if r.ttft_s is not None)
     assert ttfts[0] >= 0.07  # one prefill step of the model, not of the wall clock

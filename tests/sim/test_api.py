@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import httpx
@@ -172,3 +173,23 @@ def test_tokenize_and_health(sim_fleet: FleetFactory) -> None:
     assert httpx.get(url + "/health").status_code == 200
     r = httpx.post(url + "/tokenize", json={"prompt": "t20 t21"}).json()
     assert r["tokens"] == [20, 21] and r["count"] == 2
+
+
+def test_a_client_leaving_mid_stream_aborts_the_request(sim_fleet: FleetFactory) -> None:
+    fleet = sim_fleet(time_scale=1, step_base_s=0.01)
+    url = fleet.urls[0]
+    body = {"prompt": "t20 t21", "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body) as r:
+        for _ in r.iter_lines():
+            break  # read one event, then hang up
+    engine = fleet.engines[0]
+    deadline = time.monotonic() + 5
+    while fleet.call(lambda: len(engine.scheduler.running)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fleet.call(lambda: len(engine.scheduler.running)) == 0
+    assert fleet.call(lambda: engine.pool.num_free) == engine.pool.num_blocks
+    text = httpx.get(url + "/metrics").text
+    assert (
+        'vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-model"} 1.0'
+        in text
+    )

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 
@@ -74,3 +75,38 @@ def test_help_lists_engine_flags() -> None:
     out = subprocess.run(kvstack("sim-engine", "--help"), capture_output=True, text=True)
     assert out.returncode == 0 and "--kv-events-endpoint" in out.stdout
     assert "--prefill-tokens-per-s" in out.stdout
+
+
+def test_vllm_spelled_flags(tmp_path: object) -> None:
+    import json
+
+    import msgspec
+    import zmq
+
+    from kvstack.bench.ports import free_port
+
+    port, events = free_port(), free_port()
+    config = {"enable_kv_cache_events": True, "publisher": "zmq",
+              "endpoint": f"tcp://*:{events}", "topic": "kv"}  # fmt: skip
+    proc = subprocess.Popen(
+        kvstack("sim-engine", "--port", str(port), "--served-model-name", "m2",
+                "--kv-events-config", json.dumps(config), "--time-scale", "20"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ok(url + "/health", 20, proc)
+        assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "m2"
+        sub.connect(f"tcp://127.0.0.1:{events}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+        time.sleep(0.3)
+        httpx.post(url + "/v1/completions", json={"prompt": list(range(100, 140)), "max_tokens": 1})
+        assert sub.poll(3000)
+        topic, seq, payload = sub.recv_multipart()
+        assert topic == b"kv" and int.from_bytes(seq, "big") == 0
+        assert msgspec.msgpack.decode(payload)[1][0]["type"] == "BlockStored"
+    finally:
+        sub.close(0)
+        proc.terminate()
+        proc.wait(10)

@@ -11,6 +11,7 @@ by ``KVSTACK_CONFIG`` and ``KVSTACK_SIM_*`` environment variables.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import types
 import typing
@@ -49,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port (of the first engine)")
     p.add_argument("--fleet", type=int, default=1, help="engines in this process")
     p.add_argument("--base-port", type=int, default=None, help="fleet: first port (--port)")
+    p.add_argument("--served-model-name", dest="model_alias", help="vLLM's name for --model")
+    p.add_argument(
+        "--kv-events-config",
+        help='vLLM\'s JSON form, e.g. \'{"enable_kv_cache_events": true, "publisher": "zmq", '
+        '"endpoint": "tcp://*:5557", "topic": "kv"}\'',
+    )
     group = p.add_argument_group("engine (the 'sim' config section)")
     for name, field in SimConfig.model_fields.items():
         kwargs = _flag_kwargs(field.annotation)
@@ -62,6 +69,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_EVENT_KEYS = {
+    "endpoint": "kv_events_endpoint",
+    "replay_endpoint": "kv_events_replay_endpoint",
+    "topic": "kv_events_topic",
+    "buffer_steps": "kv_events_buffer_steps",
+}
+
+
+def _vllm_aliases(args: argparse.Namespace) -> dict[str, Any]:
+    """Flags spelled as vLLM spells them, so a vLLM launch line works with few changes."""
+    out: dict[str, Any] = {}
+    if args.model_alias:
+        out["model"] = args.model_alias
+    if args.kv_events_config:
+        try:
+            events = json.loads(args.kv_events_config)
+        except ValueError as exc:
+            raise ConfigError(f"--kv-events-config is not JSON: {exc}") from None
+        if not isinstance(events, dict):
+            raise ConfigError("--kv-events-config must be a JSON object")
+        if events.get("enable_kv_cache_events", True) and events.get("publisher", "zmq") == "zmq":
+            out["kv_events_endpoint"] = events.get("endpoint", "tcp://*:5557")
+            out |= {ours: events[key] for key, ours in _EVENT_KEYS.items() if key in events}
+    return out
+
+
 def run(command: str, argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     overrides = {
@@ -70,6 +103,7 @@ def run(command: str, argv: list[str]) -> int:
         if getattr(args, name) is not None
     }
     try:
+        overrides |= _vllm_aliases(args)
         config = load_section("sim", SimConfig, overrides)
         if args.fleet < 1:
             raise ConfigError(f"--fleet must be >= 1, got {args.fleet}")

@@ -36,11 +36,15 @@ log = logging.getLogger(__name__)
 
 class SimEngine:
     def __init__(
-        self, config: SimConfig, engine_index: int = 0, tier: TierLink | None = None
+        self,
+        config: SimConfig,
+        engine_index: int = 0,
+        tier: TierLink | None = None,
+        tokenizer: SimTokenizer | None = None,
     ) -> None:
         self.config = config
         self.clock = ScaledClock(config.time_scale)
-        self.tokenizer = SimTokenizer(config.vocab_size)
+        self.tokenizer = tokenizer or SimTokenizer(config.vocab_size)
         self.pool = BlockPool(config.num_blocks)
         self.loras = LoRASlots(
             config.max_loras, config.cpu_lora_capacity, config.lora_load_s, config.lora_activate_s

@@ -10,6 +10,10 @@ every buffered ``(client, b"", topic, seq, payload)`` from ``start_seq`` on, the
 The structs below mirror ``vllm.distributed.kv_events`` field for field (tagged unions with
 ``omit_defaults``; the batch is array-like), so consumers decode them with vLLM's own classes;
 a test does exactly that. Block hashes are 64-bit integers (vLLM's default).
+
+One difference in timing: vLLM registers (and reports) a block when it schedules the step that
+computes it; the simulator reports it when that step ends, one step later. Within a batch,
+removals come before stores, as evictions happen when a step's blocks are allocated.
 """
 
 from __future__ import annotations

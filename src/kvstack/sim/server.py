@@ -2,7 +2,8 @@
 one event loop (uvloop when installed), so a 16-engine fleet costs one process, not sixteen.
 
 Engines configured with the same ``kv_tiers`` share one :class:`~kvstack.sim.tier.TierLink`,
-so a ``cpu://`` tier acts as a store shared by the whole fleet. For a fleet, KV event
+so a ``cpu://`` tier acts as a store shared by the whole fleet; engines with the same
+vocabulary share one tokenizer (its word memo). For a fleet, KV event
 endpoints ending in ``:PORT`` are offset by the engine index (``PORT + i``), vLLM's rule for
 data-parallel ranks.
 """
@@ -24,6 +25,7 @@ from kvstack.sim.app import build_app
 from kvstack.sim.config import SimConfig
 from kvstack.sim.engine import SimEngine
 from kvstack.sim.tier import TierLink
+from kvstack.sim.tokenizer import SimTokenizer
 
 __all__ = ["EngineSpec", "FleetThread", "fleet_specs", "run_fleet", "serve_fleet"]
 
@@ -75,6 +77,8 @@ class Fleet:
 
     def __init__(self, specs: Sequence[EngineSpec]) -> None:
         tiers: dict[tuple[str, ...], TierLink] = {}
+        # One tokenizer per vocabulary: its word memo is the same for every engine.
+        tokenizers: dict[int, SimTokenizer] = {}
         self.engines: list[SimEngine] = []
         self.servers: list[_Server] = []
         for spec in specs:
@@ -82,7 +86,9 @@ class Fleet:
             if spec.config.kv_tiers:
                 key = tuple(spec.config.kv_tiers)
                 tier = tiers.get(key) or tiers.setdefault(key, TierLink.from_config(spec.config))
-            engine = SimEngine(spec.config, tier=tier)
+            vocab = spec.config.vocab_size
+            tokenizer = tokenizers.setdefault(vocab, SimTokenizer(vocab))
+            engine = SimEngine(spec.config, tier=tier, tokenizer=tokenizer)
             self.engines.append(engine)
             uv = uvicorn.Config(
                 build_app(engine), host=spec.host, port=spec.port, log_level="warning",
