@@ -1,4 +1,4 @@
-"""``kvstack bench kv [--json FILE] [--quick] [--dir DIR] [--rounds N] [--threads N]``
+"""``kvstack bench kv [--json FILE] [--quick] [--dir DIR] [--rounds N] [--threads N] [--clock C]``
 
 Store and retrieve throughput of each KV tier in GB/s on the chunk shape of Llama-3-8B (32
 layers, 8 KV heads, head dim 128, bf16: 32 MiB per 256-token chunk) and of a small model, against
@@ -11,7 +11,8 @@ Prints a table with the ratios and the performance bars; ``--json`` writes::
      "lookup_ms_128k": x, "shapes": {...}, "bars": {...}, "settings": {...}}
 
 where the top-level figures are the Llama-3-8B shape's. ``--dir`` sets where files go (default:
-a temporary directory; the figures describe that filesystem).
+a temporary directory; the figures describe that filesystem). ``--clock cpu`` times with this
+process's CPU time instead of elapsed time (see :data:`kvstack.bench.kv_measure.CLOCKS`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvstack.bench.kv_measure import Shape, ShapeResult, Variant, measure_shape
+from kvstack.bench.kv_measure import CLOCKS, Shape, ShapeResult, Variant, measure_shape
 from kvstack.errors import require
 from kvstack.kv.cache import KVCache
 from kvstack.kv.config import KVConfig
@@ -85,7 +86,15 @@ def run(argv: list[str]) -> int:
                 progress.update(task, description=text)
 
             results = [
-                measure_shape(shape, chunks[shape.name], rounds, root / shape.name, VARIANTS, step)
+                measure_shape(
+                    shape,
+                    chunks[shape.name],
+                    rounds,
+                    root / shape.name,
+                    VARIANTS,
+                    step,
+                    CLOCKS[args.clock],
+                )
                 for shape in (MAIN_SHAPE, SMALL_SHAPE)
             ]
             step("lookup of a 128K-token prompt")
@@ -106,6 +115,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", help="directory for the file tiers (default: the system temp dir)")
     p.add_argument("--rounds", type=_positive, help="rounds per figure (median taken)")
     p.add_argument("--threads", type=_positive, help="torch threads (default: torch's)")
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall: elapsed time (default); cpu: this process's CPU time, steadier on a busy "
+        "shared machine but blind to disk waits (fsync figures are then meaningless)",
+    )
     return p
 
 
@@ -185,6 +201,7 @@ def _settings(
         "rounds": rounds,
         "chunks": chunks,
         "threads": torch.get_num_threads(),
+        "clock": args.clock,
         "dir": str(root.parent),
         "filesystem": _filesystem(root.parent),
     }
@@ -212,7 +229,8 @@ def _print(report: dict[str, Any], console: Console) -> None:
     for name, shape in report["shapes"].items():
         table = Table(
             title=f"{name}: {shape['chunk_bytes'] / 2**20:.1f} MiB per chunk, "
-            f"{shape['num_chunks']} chunks, median of {report['settings']['rounds']}"
+            f"{shape['num_chunks']} chunks, median of {report['settings']['rounds']}, "
+            f"{report['settings']['clock']} clock"
         )
         for column in ("", "store GB/s", "× ref", "retrieve GB/s", "× ref", "compression"):
             table.add_column(column, justify="right" if column else "left")
