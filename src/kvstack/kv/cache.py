@@ -56,15 +56,20 @@ MAX_NAMESPACES = 4096  # (salt, adapter) digests kept; recomputing one costs a m
 class KVCache:
     def __init__(self, config: KVConfig, tiers: Sequence[Tier] | None = None) -> None:
         self.config = config
-        self.tiers: list[Tier] = list(tiers) if tiers is not None else _tiers_from_urls(config)
-        if not self.tiers:
+        if tiers is not None and not tiers:
             raise ConfigError("a KVCache needs at least one tier")
+        write_tiers = _write_tiers(config, [t.name for t in tiers]) if tiers is not None else None
+        self.tiers: list[Tier] = list(tiers) if tiers is not None else _tiers_from_urls(config)
         shape = config.model_shape
         self._layout = KVLayout(
             config.kv_dtype,
             None if shape is None else (shape.num_layers, shape.num_kv_heads, shape.head_dim),
         )
-        self._chain = TierChain(self.tiers, _write_tiers(config, self.tiers), config.promote_on_hit)
+        if write_tiers is None:
+            write_tiers = _write_tiers(config, [t.name for t in self.tiers])
+        self._chain = TierChain(
+            self.tiers, [self.tiers[i] for i in write_tiers], config.promote_on_hit
+        )
         self._admission = Admission(config.admission_threshold)
         self._counters = CacheCounters()
         self._namespaces: OrderedDict[tuple[str, str], ChunkKey] = OrderedDict()
@@ -262,12 +267,11 @@ class KVCache:
 
 
 def _tiers_from_urls(config: KVConfig) -> list[Tier]:
+    names = _tier_names(config.tiers)
+    _write_tiers(config, names)  # a bad selection fails before any tier starts
     tiers: list[Tier] = []
     try:
-        for url in config.tiers:
-            scheme = parse_tier_url(url).scheme
-            taken = {t.name for t in tiers}
-            name = scheme if scheme not in taken else f"{scheme}{len(tiers)}"
+        for url, name in zip(config.tiers, names, strict=True):
             tiers.append(make_tier(url, name=name))
     except BaseException:
         for tier in tiers:
@@ -276,16 +280,23 @@ def _tiers_from_urls(config: KVConfig) -> list[Tier]:
     return tiers
 
 
-def _write_tiers(config: KVConfig, tiers: list[Tier]) -> list[Tier]:
+def _tier_names(urls: Sequence[str]) -> list[str]:
+    """The scheme, plus the position when a scheme repeats: cpu, file, cpu2."""
+    names: list[str] = []
+    for position, url in enumerate(urls):
+        scheme = parse_tier_url(url).scheme
+        names.append(scheme if scheme not in names else f"{scheme}{position}")
+    return names
+
+
+def _write_tiers(config: KVConfig, names: list[str]) -> list[int]:
+    """Positions of the tiers that receive stores."""
     if config.write_tiers is not None:
-        by_name = {t.name: t for t in tiers}
-        unknown = [n for n in config.write_tiers if n not in by_name]
+        unknown = [n for n in config.write_tiers if n not in names]
         if unknown:
-            raise ConfigError(
-                f"kv.write_tiers names unknown tiers {unknown}; tiers: {list(by_name)}"
-            )
-        return [by_name[n] for n in config.write_tiers]
-    return list(tiers) if config.write_policy == "write-through" else tiers[:1]
+            raise ConfigError(f"kv.write_tiers names unknown tiers {unknown}; tiers: {names}")
+        return [names.index(n) for n in config.write_tiers]
+    return list(range(len(names))) if config.write_policy == "write-through" else [0]
 
 
 def _first(chunks: list[torch.Tensor]) -> torch.Tensor | None:
