@@ -167,3 +167,15 @@ def test_abort_frees_blocks_at_the_next_step() -> None:
     run_all(s)
     assert r.finish_reason is FinishReason.ABORT
     assert s.pool.num_free == s.pool.num_blocks
+
+
+def test_a_step_never_admits_a_request_from_its_future() -> None:
+    # When the engine catches up on steps it woke late for, a step that starts at t=1.0 must
+    # not serve a request that arrived at t=1.5 (its time to first token would be too short).
+    s = make()
+    late = SimRequest("late", list(range(100, 104)), 4, 1, arrival_s=1.5)
+    s.add(late)
+    assert s.schedule(1.0) is None
+    assert s.next_arrival() == 1.5
+    step = s.schedule(1.5)
+    assert step is not None and [r.request_id for r, _ in step.work] == ["late"]

@@ -118,20 +118,25 @@ class SimEngine:
             step = self.scheduler.schedule(start)
             if step is None:
                 self._publish_events(StepOutcome())  # aborted requests may have freed blocks
-                await self._idle()
-                start = self.clock.now()
+                start = await self._idle(start)
                 continue
             end = start + step.duration_s
             await self.clock.sleep_until(end)
             self._apply(step, end)
             start = self._next_start(end)
 
-    async def _idle(self) -> None:
+    async def _idle(self, start: float) -> float:
+        """Wait for work; returns the simulated time at which the next step starts."""
         self._wake.clear()
         if not self.scheduler.has_work():
             await self._wake.wait()
-        else:  # only blocked or aborted requests: retry after one base step
-            await asyncio.sleep(self.clock.wall_s(max(self.config.step_base_s, 1e-3)))
+            return self.clock.now()
+        arrival = self.scheduler.next_arrival()
+        if arrival is not None and arrival > start:  # catching up: jump to that arrival
+            return arrival
+        # only blocked or aborted requests: retry after one base step
+        await asyncio.sleep(self.clock.wall_s(max(self.config.step_base_s, 1e-3)))
+        return self.clock.now()
 
     def _next_start(self, end: float) -> float:
         late_wall_s = self.clock.wall_s(self.clock.now() - end)

@@ -87,6 +87,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
+    def next_arrival(self) -> float | None:
+        """The earliest arrival among waiting requests (None when none waits)."""
+        return min((r.arrival_s for r in self.waiting if not r.aborted), default=None)
+
     def waiting_adapters(self) -> list[str]:
         return sorted({r.adapter.name for r in self.waiting if r.adapter and not r.aborted})
 
@@ -163,6 +167,11 @@ class Scheduler:
             req = self.waiting.pop()
             if req.aborted:
                 self._finish(req, FinishReason.ABORT, now_s)
+                continue
+            if req.arrival_s > now_s:  # catching up on past steps: it had not arrived yet
+                deferred.append(req)
+                if not self.waiting.by_priority:
+                    break  # first come, first served: all later ones arrived later still
                 continue
             name = req.adapter.name if req.adapter else None
             if name and name not in in_use and len(in_use) >= self.config.max_loras:
