@@ -76,8 +76,8 @@ class HealthChecker:
         while True:
             await asyncio.sleep(self._config.interval_s)
             await self.check_all()
-            if self._on_round is not None:
-                self._on_round()
+            if self._on_round is not None:  # e.g. re-reading the API keys file: off the loop
+                await asyncio.to_thread(self._on_round)
 
     def _check_soon(self, states: Sequence[BackendState]) -> None:
         for state in states:
