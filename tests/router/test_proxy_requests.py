@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import aiohttp
 import openai
 import pytest
 
-from tests.router.conftest import RouterFactory, engines
+from tests.router.conftest import RouterFactory, engines, until
 from tests.router.fake_engine import FakeEngine
 
 
@@ -92,8 +94,8 @@ async def test_api_keys_from_config_and_file_map_to_tenants(
             await bad.models.list()
         await bad.close()
         keys_file.write_text("new-key team-c\n")
-        r.router.auth._mtime = None  # as if the file's mtime moved on (same-second write)
-        r.router.auth.reload_if_changed()
+        os.utime(keys_file, (time.time() + 5, time.time() + 5))  # a new mtime, even on 1 s clocks
+        await until(lambda: r.router.auth._mtime == keys_file.stat().st_mtime)  # health loop
         client = openai.AsyncOpenAI(base_url=f"{r.url}/v1", api_key="new-key", max_retries=0)
         await client.completions.create(model="toy", prompt="x")
         await client.close()
