@@ -30,7 +30,11 @@ class CacheMachine(RuleBasedStateMachine):
     @initialize()
     def open_cache(self) -> None:
         self.dir = tempfile.TemporaryDirectory()
-        self.cache = KVCache.from_config(
+        self.cache = self._open()
+        self.leases: list[tuple[torch.Tensor, torch.Tensor]] = []  # (leased view, expected)
+
+    def _open(self) -> KVCache:
+        return KVCache.from_config(
             {
                 "model": "toy@1",
                 "chunk_size": C,
@@ -38,7 +42,16 @@ class CacheMachine(RuleBasedStateMachine):
                 "tiers": [f"cpu://?size={6 * CHUNK_BYTES}", f"file://{self.dir.name}?size=12KiB"],
             }
         )
-        self.leases: list[tuple[torch.Tensor, torch.Tensor]] = []  # (leased view, expected)
+
+    @rule()
+    def restart(self) -> None:
+        """A new process on the same directory: DRAM is gone, the disk tier comes back."""
+        self.leases.clear()
+        self.cache.close()
+        on_disk = self.cache.tiers[1].stats().entries
+        self.cache = self._open()
+        assert self.cache.tiers[1].stats().entries == on_disk
+        self.cache.check_integrity()
 
     def teardown(self) -> None:
         if hasattr(self, "cache"):
