@@ -17,6 +17,7 @@
      ├── LoRAError
      │    ├── RegistryError               unknown adapter or version, invalid registry state
      │    ├── VerificationError           an artifact failed a check; ``reason`` says which
+     │    ├── AdapterLoadError            an engine refused or failed a load; ``reason`` says why
      │    └── ColdStartError              an adapter cannot be made hot within the request's budget
      └── StackError                       a stack component failed to start or stop
 
@@ -27,6 +28,7 @@ logged, counted and treated as a miss by :class:`kvstack.kv.KVCache`.
 from __future__ import annotations
 
 __all__ = [
+    "AdapterLoadError",
     "AuthenticationError",
     "ChunkFormatError",
     "ColdStartError",
@@ -148,6 +150,15 @@ class VerificationError(LoRAError):
 
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class AdapterLoadError(LoRAError):
+    """An engine refused or failed to load an adapter, or no slot freed in time."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
 

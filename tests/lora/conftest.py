@@ -220,6 +220,7 @@ def make_setup(plane: ControlPlane, sources: Path, tmp_path: Path) -> Callable[.
             }
         )
         config.tenants = {"acme": TenantPolicy(allow_base_fallback=True)}
+        config.slot_wait_s = 0.2
         config.engines = [
             EngineSpec(
                 url=url,

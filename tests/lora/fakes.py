@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from kvstack.lora.driver import EngineLoRAInfo, LoadFailed
+from kvstack.errors import AdapterLoadError
+from kvstack.lora.driver import EngineLoRAInfo
 
 
 @dataclass
@@ -45,9 +46,9 @@ class FakeDriver:
         finally:
             self.concurrent_loads -= 1
         if eng.fail_loads:
-            raise LoadFailed(eng.fail_loads, f"{name} on {url}")
+            raise AdapterLoadError(eng.fail_loads, f"{name} on {url}")
         if name in eng.loaded and eng.loaded[name] != path:
-            raise LoadFailed("name_conflict", name)
+            raise AdapterLoadError("name_conflict", name)
         eng.loaded[name] = path
         eng.num_loads += 1
 

@@ -72,11 +72,25 @@ async def test_in_flight_adapter_is_never_evicted(make_setup: Callable[..., Setu
     s = make_setup(gpu_slots=1, host_slots=2)
     a, b = s.add("a"), s.add("b", seed=1)
     held = await s.manager.ensure_hot(URL, a, budget_s=60)
-    blocked = await s.manager.ensure_hot(URL, b, budget_s=60)
+    blocked = await s.manager.ensure_hot(URL, b, budget_s=60)  # waits slot_wait_s, then gives up
     assert (blocked.action, blocked.reason) == (Action.FALLBACK, "no_free_gpu_slot")
     assert blocked.model == "toy-base" and FALLBACK_HEADER in blocked.headers()
+    assert s.manager.residency(URL, "a@1") is Tier.HOT
     held.finish()
     assert (await s.manager.ensure_hot(URL, b, budget_s=60)).action is Action.SERVE
+
+
+async def test_load_waits_for_a_slot_to_be_released(make_setup: Callable[..., Setup]) -> None:
+    s = make_setup(gpu_slots=1, host_slots=2)
+    s.manager.config.slot_wait_s = 10.0
+    a, b = s.add("a"), s.add("b", seed=1)
+    held = await s.manager.ensure_hot(URL, a, budget_s=60)
+    waiting = asyncio.create_task(s.manager.ensure_hot(URL, b, budget_s=60))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # like the engine's scheduler: queued, not refused
+    held.finish()
+    d = await asyncio.wait_for(waiting, 5)
+    assert (d.action, d.model) == (Action.SERVE, "b@1")
 
 
 async def test_never_evict_rules_hold_under_pressure(make_setup: Callable[..., Setup]) -> None:

@@ -33,6 +33,7 @@ FACTS = AdapterFacts(
     error_rate_after_load=0.0,
     scheduled_warmup=False,
     is_current=True,
+    home_rank=0,
 )
 
 

@@ -205,6 +205,12 @@ class LoRAConfig(Section):
     )
     engines: list[EngineSpec] = Field(default_factory=list)
     engine_timeout_s: float = Field(default=30.0, gt=0, description="per engine call")
+    io_threads: int = Field(
+        default=16, ge=1, le=1024, description="threads for store fetches and verification"
+    )
+    slot_wait_s: float = Field(
+        default=30.0, ge=0, description="a load waits this long for a slot while all are in use"
+    )
     reconcile_interval_s: float = Field(default=10.0, gt=0)
     canary_prewarm_engines: int = Field(
         default=1, ge=0, description="engines that prewarm a canary before it takes traffic"

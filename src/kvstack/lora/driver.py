@@ -20,23 +20,15 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from kvstack.errors import LoRAError, require
+from kvstack.errors import AdapterLoadError, require
 
 require("httpx", "server")
 
 import httpx  # noqa: E402
 
-__all__ = ["EngineDriver", "EngineLoRAInfo", "HTTPEngineDriver", "LoadFailed"]
+__all__ = ["EngineDriver", "EngineLoRAInfo", "HTTPEngineDriver"]
 
 log = logging.getLogger(__name__)
-
-
-class LoadFailed(LoRAError):
-    """The engine refused or failed a load; ``reason`` is machine-readable."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +40,7 @@ class EngineLoRAInfo:
 
 class EngineDriver(Protocol):
     async def load(self, url: str, name: str, path: str, timeout_s: float) -> None:
-        """Load ``name`` from ``path``; idempotent. Raises :class:`LoadFailed`."""
+        """Load ``name`` from ``path``; idempotent. Raises :class:`AdapterLoadError`."""
 
     async def unload(self, url: str, name: str, timeout_s: float) -> None:
         """Unload ``name``; idempotent (an unknown name is success)."""
@@ -77,14 +69,16 @@ class HTTPEngineDriver:
             loaded = await self.adapters(url, timeout_s)
             if loaded.get(name) == path:
                 return
-            raise LoadFailed("name_conflict", f"{name} is loaded from {loaded.get(name)!r}")
+            raise AdapterLoadError("name_conflict", f"{name} is loaded from {loaded.get(name)!r}")
         reason = "not_found" if resp.status_code == 404 else f"http_{resp.status_code}"
-        raise LoadFailed(reason, f"{url} load {name}: {text}")
+        raise AdapterLoadError(reason, f"{url} load {name}: {text}")
 
     async def unload(self, url: str, name: str, timeout_s: float) -> None:
         resp = await self._post(f"{url}/v1/unload_lora_adapter", {"lora_name": name}, timeout_s)
         if resp.status_code not in (200, 404):
-            raise LoadFailed(f"http_{resp.status_code}", f"{url} unload {name}: {resp.text[:300]}")
+            raise AdapterLoadError(
+                f"http_{resp.status_code}", f"{url} unload {name}: {resp.text[:300]}"
+            )
 
     async def adapters(self, url: str, timeout_s: float) -> dict[str, str]:
         try:
@@ -92,7 +86,7 @@ class HTTPEngineDriver:
             resp.raise_for_status()
             cards = resp.json()["data"]
         except (httpx.HTTPError, ValueError, KeyError) as exc:
-            raise LoadFailed("engine_unreachable", f"{url}/v1/models: {exc}") from None
+            raise AdapterLoadError("engine_unreachable", f"{url}/v1/models: {exc}") from None
         return {c["id"]: str(c.get("root") or "") for c in cards if c.get("parent")}
 
     async def lora_info(self, url: str, timeout_s: float) -> EngineLoRAInfo | None:
@@ -100,16 +94,18 @@ class HTTPEngineDriver:
             resp = await self._client.get(f"{url}/metrics", timeout=timeout_s)
             resp.raise_for_status()
         except httpx.HTTPError as exc:
-            raise LoadFailed("engine_unreachable", f"{url}/metrics: {exc}") from None
+            raise AdapterLoadError("engine_unreachable", f"{url}/metrics: {exc}") from None
         return parse_lora_info(resp.text)
 
     async def _post(self, url: str, body: dict[str, str], timeout_s: float) -> httpx.Response:
         try:
             return await self._client.post(url, json=body, timeout=timeout_s)
         except httpx.TimeoutException:
-            raise LoadFailed("timeout", f"{url} did not answer in {timeout_s:.1f} s") from None
+            raise AdapterLoadError(
+                "timeout", f"{url} did not answer in {timeout_s:.1f} s"
+            ) from None
         except httpx.HTTPError as exc:
-            raise LoadFailed("engine_unreachable", f"{url}: {exc}") from None
+            raise AdapterLoadError("engine_unreachable", f"{url}: {exc}") from None
 
 
 def parse_lora_info(metrics_text: str) -> EngineLoRAInfo | None:

@@ -6,7 +6,8 @@ builds an :class:`AdapterFacts` per candidate when it plans an eviction or a dem
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -36,9 +37,30 @@ class AdapterFacts:
     error_rate_after_load: float  # failed / all requests since it was last loaded here
     scheduled_warmup: bool  # a scheduled warmup window covers it now
     is_current: bool  # the stable or canary target of its adapter
+    home_rank: int  # this engine's place in the adapter's rendezvous order (0: its home)
 
-    def as_fields(self) -> dict[str, Any]:
-        return asdict(self)
+    def as_fields(self) -> Mapping[str, Any]:
+        # A read-only view, not a copy: rules run for every eviction candidate.
+        return _FieldsView(self)
+
+
+class _FieldsView(Mapping[str, Any]):
+    __slots__ = ("_facts",)
+
+    def __init__(self, facts: AdapterFacts) -> None:
+        self._facts = facts
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self._facts, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(AdapterFacts.__slots__)
+
+    def __len__(self) -> int:
+        return len(AdapterFacts.__slots__)
 
 
 FACT_TYPES: dict[str, type] = {
@@ -57,6 +79,7 @@ FACT_TYPES: dict[str, type] = {
     "error_rate_after_load": float,
     "scheduled_warmup": bool,
     "is_current": bool,
+    "home_rank": int,
 }
 
 
@@ -74,8 +97,9 @@ class FactsBuilder:
         entry: Entry | None,
         stats: StatsTable | None,
         now: float,
+        home_rank: int = 0,
     ) -> AdapterFacts:
-        """Facts about ``a`` on one engine (``entry``/``stats``), or anywhere when both are None."""
+        """Facts about ``a`` on one engine (``entry``/``stats``/``home_rank``), or anywhere."""
         seen = stats.peek(a.engine_name) if stats is not None else None
         release = self.resolver.release(a.adapter_id)
         current = self.resolver.version(a.adapter_id, a.version) or a
@@ -96,6 +120,7 @@ class FactsBuilder:
             error_rate_after_load=seen.error_rate() if seen else 0.0,
             scheduled_warmup=False,
             is_current=self.resolver.is_current(a.adapter_id, a.version),
+            home_rank=home_rank,
         )
         if self.warmups and self.warmups.active(facts.as_fields(), now):
             facts = replace(facts, scheduled_warmup=True)

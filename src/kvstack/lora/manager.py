@@ -18,7 +18,6 @@ its last request finishes. Reconciliation and sweeps live in :mod:`kvstack.lora.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -26,18 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstack.errors import LoRAError, VerificationError
+from kvstack.errors import AdapterLoadError, LoRAError, VerificationError
 from kvstack.lora.adapters import AdapterVersion
+from kvstack.lora.affinity import affinity_scores, rendezvous_order
 from kvstack.lora.audit import AuditLog
 from kvstack.lora.config import EngineSpec, LoRAConfig, RequestClassBudget
 from kvstack.lora.decision import Decision
-from kvstack.lora.driver import EngineDriver, HTTPEngineDriver, LoadFailed
+from kvstack.lora.driver import EngineDriver, HTTPEngineDriver
 from kvstack.lora.facts import FactsBuilder
 from kvstack.lora.loader import AdapterLoader, EngineState
 from kvstack.lora.metrics import LoRAMetrics
 from kvstack.lora.policy import make_policy
-from kvstack.lora.predict import LoadTimePredictor
-from kvstack.lora.residency import EngineCache, Entry, Tier
+from kvstack.lora.predict import LoadTimePredictor, reload_estimate
+from kvstack.lora.residency import EngineCache, Tier
 from kvstack.lora.resolver import Resolution, Resolver
 from kvstack.lora.rules import CacheRules
 from kvstack.lora.serving import not_now, serve
@@ -102,6 +102,7 @@ class AdapterCacheManager:
             self.is_protected,
         )
         self.engines: dict[str, EngineState] = {}
+        self._homes: dict[str, list[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         for spec in config.engines:
             self.add_engine(spec)
@@ -117,15 +118,32 @@ class AdapterCacheManager:
             spec.gpu_slots or policy.gpu_slots_per_base_model,
             spec.host_slots or policy.host_slots_per_base_model,
             make_policy(policy, self.config.priority_weights),
-            facts=lambda entry, now: self.facts.of(entry.adapter, entry, stats, now),
+            facts=lambda entry, now: self.facts.of(
+                entry.adapter, entry, stats, now, self.home_rank(spec.url, entry.adapter)
+            ),
             pinned=self.rules.pinned,
-            reload_s=lambda entry, tier: self._reload_s(spec.url, entry, tier),
+            reload_s=lambda entry, tier: reload_estimate(
+                self.predictor, stats, spec.url, entry, tier
+            ),
         )
         engine_dir = spec.engine_warm_dir or str(warm_dir)
         self.engines[spec.url] = EngineState(spec, cache, stats, warm_dir, engine_dir)
+        self._homes.clear()
 
     def remove_engine(self, url: str) -> None:
         self.engines.pop(url, None)
+        self._homes.clear()
+
+    def home_rank(self, engine_url: str, adapter: AdapterVersion) -> int:
+        """The engine's place in the adapter's rendezvous order among engines of its base model
+        (0: its home); rules use it to pin an adapter on a few engines rather than all."""
+        order = self._homes.get(adapter.engine_name)
+        if order is None:
+            if len(self._homes) > 100_000:
+                self._homes.clear()
+            urls = [u for u, e in self.engines.items() if e.spec.base_model == adapter.base_model]
+            order = self._homes[adapter.engine_name] = rendezvous_order(adapter.engine_name, urls)
+        return order.index(engine_url) if engine_url in order else len(order)
 
     def engine(self, url: str) -> EngineState:
         try:
@@ -156,25 +174,12 @@ class AdapterCacheManager:
         )
 
     def affinity(self, adapter_name: str, engine_urls: Sequence[str]) -> dict[str, float]:
-        """Scores in [0, 1] for the router's LoRA affinity scorer: hot 1.0, loading 0.9, warm
-        0.8. Where it is cold, engines rank by rendezvous hashing of the adapter (0.6 for its
-        home engine down to 0.2), so a cold adapter goes to the same engine each time rather
-        than being copied onto every engine's warm tier."""
-        scores: dict[str, float] = {}
-        cold = []
-        for url in engine_urls:
-            eng = self.engines.get(url)
-            tier = eng.cache.residency(adapter_name) if eng is not None else Tier.COLD
-            if eng is not None and adapter_name in eng.loads:
-                scores[url] = 0.9
-            elif tier is not Tier.COLD:
-                scores[url] = 1.0 if tier is Tier.HOT else 0.8
-            else:
-                cold.append(url)
-        ranked = sorted(cold, key=lambda u: _rendezvous(adapter_name, u), reverse=True)
-        for i, url in enumerate(ranked):
-            scores[url] = 0.6 - 0.4 * i / max(1, len(ranked) - 1)
-        return scores
+        """Scores in [0, 1] for the router's LoRA affinity scorer, see
+        :func:`kvstack.lora.affinity.affinity_scores` (hot > loading > warm > cold at home)."""
+        known = [u for u in engine_urls if u in self.engines]
+        caches = {u: self.engines[u].cache for u in known}
+        loading = {u: adapter_name in self.engines[u].loads for u in known}
+        return affinity_scores(adapter_name, engine_urls, caches, loading)
 
     def predicted_load_s(self, engine_url: str, adapter_name: str) -> float:
         return self.predictor.predict(engine_url, self.residency(engine_url, adapter_name).value)
@@ -226,11 +231,12 @@ class AdapterCacheManager:
             await asyncio.wait_for(asyncio.shield(task), timeout=timeout)
         except TimeoutError:
             return not_now(self, eng, adapter, start, klass, "load_exceeded_budget", predicted)
-        except (LoadFailed, VerificationError) as exc:
+        except (AdapterLoadError, VerificationError) as exc:
             retry = None if isinstance(exc, VerificationError) else predicted
             return not_now(self, eng, adapter, start, klass, exc.reason, retry)
         finally:
             eng.cache.add_waiter(name, -1)
+            eng.notify_released()
         if eng.cache.residency(name) is not Tier.HOT:  # disabled or dropped meanwhile
             return not_now(self, eng, adapter, start, klass, "unloaded_while_waiting", predicted)
         return serve(self, eng, adapter, start, self.clock() - began, predicted)
@@ -284,11 +290,6 @@ class AdapterCacheManager:
             return True
         return self.rules.pinned(self.facts.of(adapter, None, None, self.clock()))
 
-    def _reload_s(self, engine_url: str, entry: Entry, tier: Tier) -> float:
-        """Predicted time to bring an entry back if it leaves ``tier``, scaled by its size."""
-        below = "warm" if tier is Tier.HOT else "cold"
-        return self.predictor.predict(engine_url, below) * (1.0 + entry.adapter.size_bytes / 2**30)
-
     def _request_class(self, name: str) -> RequestClassBudget:
         klass = self.config.request_classes.get(name)
         if klass is None:
@@ -310,11 +311,7 @@ class AdapterCacheManager:
             for task in eng.loads.values():
                 task.cancel()
             await asyncio.gather(*eng.loads.values(), return_exceptions=True)
-
-
-def _rendezvous(adapter_name: str, url: str) -> int:
-    digest = hashlib.blake2b(f"{adapter_name}\x00{url}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little")
+        self.loader.close()
 
 
 def _forget(loads: dict[str, asyncio.Task[None]], name: str, task: asyncio.Task[None]) -> None:

@@ -11,8 +11,13 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-__all__ = ["LoadTimeHistogram", "LoadTimePredictor"]
+if TYPE_CHECKING:
+    from kvstack.lora.residency import Entry, Tier
+    from kvstack.lora.stats import StatsTable
+
+__all__ = ["LoadTimeHistogram", "LoadTimePredictor", "reload_estimate"]
 
 # 1 ms to ~5 min in steps of 15 %: a prediction is at most 15 % above the observed quantile.
 PREDICT_BUCKETS_S = tuple(0.001 * 1.15**i for i in range(90))
@@ -67,3 +72,15 @@ class LoadTimePredictor:
             if hist is not None and hist.total >= self.min_samples:
                 return hist.quantile(self.quantile)
         return self.priors_s.get(tier, self.priors_s.get("cold", 0.0))
+
+
+def reload_estimate(
+    predictor: LoadTimePredictor, stats: StatsTable, engine: str, entry: Entry, tier: Tier
+) -> float:
+    """Seconds to bring ``entry`` back if it leaves ``tier``: its own last load from the tier
+    below when one was observed here (big adapters take longer), else the prediction."""
+    below = "warm" if tier.value == "hot" else "cold"
+    seen = stats.peek(entry.name)
+    if seen is not None and below in seen.load_s:
+        return seen.load_s[below]
+    return predictor.predict(engine, below)

@@ -81,6 +81,8 @@ def _finish(
     served: str | None,
 ) -> None:
     entry.in_flight -= 1
+    if entry.in_flight == 0:
+        eng.notify_released()
     adapter = entry.adapter
     eng.stats.get(entry.name).on_result(ok)
     if served is not None and served != decision.model:

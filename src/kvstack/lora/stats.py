@@ -5,7 +5,7 @@ list), so an adapter that returns is recognised as popular; idle entries are pru
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["AdapterStats", "StatsTable"]
 
@@ -18,6 +18,7 @@ class AdapterStats:
     loaded_at: float = 0.0
     requests_since_load: int = 0
     errors_since_load: int = 0
+    load_s: dict[str, float] = field(default_factory=dict)  # last load time by starting tier
 
     def rate(self, now: float, window_s: float) -> float:
         """Requests per second with an exponential decay of time constant ``window_s``."""

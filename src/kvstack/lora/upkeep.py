@@ -93,28 +93,37 @@ async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport
 
 async def adopt_warm_dir(m: AdapterCacheManager, eng: EngineState) -> list[str]:
     """After a restart: keep warm files that re-verify against the registry, delete the rest
-    (leftover temp dirs, disabled or unknown versions, anything without a marker)."""
+    (disabled or unknown versions, anything without a marker, and temp dirs a crash left).
+    Files of entries already tracked, and anything while loads are under way, are left alone."""
     adopted = []
+    known = {Path(e.path).name for e in eng.cache}
     for path in sorted(eng.warm_dir.iterdir()):
-        if path.name.endswith(MARKER_SUFFIX):
+        if path.name.endswith(MARKER_SUFFIX) or path.name in known:
+            continue
+        if path.name.startswith(".") and eng.loads:  # a materialisation in progress
             continue
         adapter = _marked_adapter(m, path)
-        ok = adapter is not None and adapter.engine_name not in eng.cache.entries
-        if ok and adapter is not None and eng.cache.free_warm_slots() > 0:
-            try:
-                await asyncio.to_thread(
-                    m.loader.verifier.verify_for_engine, path, adapter, eng.spec
-                )
-            except VerificationError as exc:
-                log.warning("warm copy %s no longer verifies: %s", path, exc)
-            else:
-                engine_path = f"{eng.engine_dir.rstrip('/')}/{path.name}"
-                eng.cache.adopt(adapter, engine_path, State.WARM)
-                eng.verified.add(engine_path)
-                adopted.append(adapter.engine_name)
-                continue
+        if adapter is not None and await _adopt(m, eng, adapter, path):
+            adopted.append(adapter.engine_name)
+            continue
         await asyncio.to_thread(remove_warm_copy, path)
     return adopted
+
+
+async def _adopt(
+    m: AdapterCacheManager, eng: EngineState, adapter: AdapterVersion, path: Path
+) -> bool:
+    if adapter.engine_name in eng.cache.entries or eng.cache.free_warm_slots() <= 0:
+        return False
+    try:
+        await asyncio.to_thread(m.loader.verifier.verify_for_engine, path, adapter, eng.spec)
+    except VerificationError as exc:
+        log.warning("warm copy %s no longer verifies: %s", path, exc)
+        return False
+    engine_path = f"{eng.engine_dir.rstrip('/')}/{path.name}"
+    eng.cache.adopt(adapter, engine_path, State.WARM)
+    eng.verified.add(engine_path)
+    return True
 
 
 def _marked_adapter(m: AdapterCacheManager, path: Path) -> AdapterVersion | None:
@@ -159,7 +168,9 @@ async def sweep(m: AdapterCacheManager, eng: EngineState) -> list[tuple[str, str
             await retire(m, eng, entry)
             done.append((entry.name, "superseded"))
             continue
-        facts = m.facts.of(entry.adapter, entry, eng.stats, now)
+        facts = m.facts.of(
+            entry.adapter, entry, eng.stats, now, m.home_rank(eng.spec.url, entry.adapter)
+        )
         rule = None if m.rules.pinned(facts) else m.rules.should_demote(facts)
         if rule is None:
             continue
@@ -200,16 +211,17 @@ def sync_releases(m: AdapterCacheManager) -> list[tuple[str, str]]:
 
 
 def run_warmups(m: AdapterCacheManager) -> list[tuple[str, str]]:
-    """Prewarm (to the warm tier) what scheduled warmups that just opened select."""
+    """Prewarm (to the warm tier) what scheduled warmups that just opened select, on each
+    engine where the selector holds (it may use ``home_rank`` to pick a few engines)."""
     started: list[tuple[str, str]] = []
     now = m.clock()
     for rule in m.warmups.due(now):
         for adapter in m.resolver.current_versions():
-            if not rule(m.facts.of(adapter, None, None, now).as_fields()):
-                continue
             for eng in _engines_for(m, adapter):
-                m.prewarm_on(eng, adapter, to=Tier.WARM)
-                started.append((eng.spec.url, adapter.engine_name))
+                rank = m.home_rank(eng.spec.url, adapter)
+                if rule(m.facts.of(adapter, None, eng.stats, now, rank).as_fields()):
+                    m.prewarm_on(eng, adapter, to=Tier.WARM)
+                    started.append((eng.spec.url, adapter.engine_name))
     return started
 
 

@@ -1,0 +1,263 @@
+"""``kvstack bench lora``: the adapter-cache benchmark, weighted hotness against LRU.
+
+    python -m kvstack.lora.bench [--adapters 1000] [--requests 12000] [--engines 4] ...
+
+Both arms run in one invocation against fresh simulated fleets (``kvstack sim-engine``, in a
+child process) with identical arrivals (the ``lora-zipf`` workload of
+:mod:`kvstack.lora.bench_workload`), engine timing, store timing and memory: ``--gpu-slots``
+hot and ``--host-slots`` warm adapters per engine. The weighted arm uses the configured hot
+score and never-evict rules (platinum and canary pinned); the LRU arm is the engines' own
+policy (no pins). Both get the same scheduled warmup of platinum adapters at startup, and half
+way through both publish version 2 of ``--rollout`` popular adapters while requests are in
+flight. The report gives cold loads, platinum cold starts and TTFT (simulated seconds) after
+the warmup fraction, the three invariants, and the weighted/LRU ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvstack.lora.bench_des import DesTiming, run_des
+from kvstack.lora.bench_report import summarise, write_report
+from kvstack.lora.bench_run import ArmResult, ArmSetup, run_arm
+from kvstack.lora.bench_setup import ModelledStore, bench_config, register_all, sim_fleet
+from kvstack.lora.bench_workload import BenchAdapter, make_adapters, make_arrivals
+from kvstack.lora.config import LoRAConfig, ScheduledWarmup, TenantPolicy
+
+__all__ = ["run"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kvstack bench lora", description=__doc__.split("\n\n")[0])
+    add = p.add_argument
+    add("--adapters", type=int, default=1000, help="adapters in the registry")
+    add(
+        "--mode",
+        choices=["sim", "des", "both"],
+        default="both",
+        help="sim: simulated engines over HTTP; des: in-process discrete events (virtual time)",
+    )
+    add("--requests", type=int, default=6000, help="requests per simulator arm")
+    add("--des-requests", type=int, default=200_000, help="requests per discrete-event arm")
+    add("--rate", type=float, default=12.0, help="arrivals per simulated second (all engines)")
+    add("--engines", type=int, default=4, help="simulated engines")
+    add("--gpu-slots", type=int, default=8, help="hot adapters per engine (max_loras)")
+    add("--host-slots", type=int, default=64, help="warm adapters per engine host")
+    add("--zipf-s", type=float, default=1.0, help="popularity skew within a tier")
+    add("--interactive-fraction", type=float, default=0.7)
+    add("--interactive-budget-s", type=float, default=5.0, help="cold-start budget")
+    add("--time-scale", type=float, default=3.0, help="simulated seconds per wall second")
+    add("--engine-load-s", type=float, default=0.25, help="engine load of a warm adapter")
+    add("--store-latency-s", type=float, default=0.05, help="artifact store first byte")
+    add("--store-mbps", type=float, default=100.0, help="store bandwidth per host, MB/s")
+    add("--warmup-fraction", type=float, default=0.25, help="requests excluded from stats")
+    add("--rollout", type=int, default=20, help="adapters that publish version 2 mid-run")
+    add("--slack", type=int, default=8, help="router: max in-flight gap to the least busy")
+    add("--pin-replicas", type=int, default=2, help="engines each platinum adapter is pinned on")
+    add("--policies", default="weighted-lru,lru", help="arms, in order")
+    add("--out", type=Path, help="write the JSON report here")
+    add("--workdir", type=Path, help="keep the registry, store and logs here")
+    return p
+
+
+def run(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    if args.workdir is not None:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        if any(args.workdir.iterdir()):
+            print(f"kvstack bench lora: --workdir {args.workdir} must be empty", file=sys.stderr)
+            return 2
+        return _run(args, args.workdir)
+    with tempfile.TemporaryDirectory(prefix="kvstack-bench-lora-") as tmp:
+        return _run(args, Path(tmp))
+
+
+def _run(args: argparse.Namespace, root: Path) -> int:
+    from kvstack.lora.signing import generate_keypair
+
+    generate_keypair(root / "key.pem", root / "key.pub.pem")
+    sources = root / "sources"
+    sources.mkdir(exist_ok=True)
+    # Platinum adapters are prewarmed, and pinned by the weighted arm, on their first
+    # --pin-replicas engines in rendezvous order: enough copies to absorb load, not one copy
+    # per engine (every copy costs a warm slot on that engine).
+    platinum = f"tenant_priority == 'platinum' and home_rank < {args.pin_replicas}"
+    never_evict = ["status == 'canary' and canary_percent > 0", platinum]
+    config = bench_config(
+        root,
+        sources,
+        root / "key.pub.pem",
+        request_classes={
+            "interactive": {"cold_start_budget_s": args.interactive_budget_s},
+            "background": {"max_concurrent_cold_loads": 2, "on_over_budget": "reject"},
+        },
+        scheduled_warmups=[ScheduledWarmup(select=platinum)],
+        tenants={},
+        default_tenant=TenantPolicy(allow_base_fallback=False),
+        load_time_prior_s={"warm": args.engine_load_s, "cold": 1.0},
+        reconcile_interval_s=2.0,
+        metrics_top_k=50,
+        io_threads=256,
+        adapter_cache_policy={"never_evict_when": never_evict},
+    )
+    adapters = make_adapters(args.adapters, args.zipf_s)
+    policies = args.policies.split(",")
+    reports: dict[str, Any] = {}
+    if args.mode in ("des", "both"):
+        reports["des"] = _des(args, config, adapters, policies)
+    if args.mode in ("sim", "both"):
+        reports["sim"] = _sim(args, config, adapters, policies, root)
+    if args.out is not None:
+        args.out.write_text(json.dumps(reports, indent=2, default=str))
+    return 0
+
+
+def _des(
+    args: argparse.Namespace, config: LoRAConfig, adapters: list[BenchAdapter], policies: list[str]
+) -> dict[str, Any]:
+    arrivals = make_arrivals(adapters, args.des_requests, args.rate, args.interactive_fraction)
+    timing = DesTiming(args.engine_load_s, args.store_latency_s, args.store_mbps * 1e6)
+    warmup = int(len(arrivals) * args.warmup_fraction)
+    print(f"discrete-event arms: {len(arrivals)} requests each ...", file=sys.stderr)
+    results = [
+        run_des(
+            _arm_config(config, p, args),
+            adapters,
+            arrivals,
+            args.engines,
+            warmup,
+            timing,
+            args.slack,
+        )
+        for p in policies
+    ]
+    report = summarise(results, vars(args))
+    print(
+        "\n== in-process discrete-event comparison (virtual time; the manager's cache core, "
+        "no HTTP, no engines) =="
+    )
+    write_report(report, sys.stdout)
+    return report
+
+
+def _sim(
+    args: argparse.Namespace,
+    config: LoRAConfig,
+    adapters: list[BenchAdapter],
+    policies: list[str],
+    root: Path,
+) -> dict[str, Any]:
+    from kvstack.lora.plane import ControlPlane
+
+    plane = ControlPlane.from_config(config)
+    store = ModelledStore(
+        plane.store, args.time_scale, args.store_latency_s, args.store_mbps * 1e6, 1e9
+    )
+    plane.store = store
+    rollout = _rollout_adapters(adapters, args.rollout)
+    specs = [(a.adapter_id, "1", a.tier, a.rank) for a in adapters]
+    specs += [(a, "2", a.split("-")[0], 16) for a in rollout]
+    print(f"registering {len(specs)} adapter versions ...", file=sys.stderr)
+    register_all(plane, store, specs, root / "sources", root / "key.pem")
+    arrivals = make_arrivals(adapters, args.requests, args.rate, args.interactive_fraction)
+    results = [
+        _arm(args, _arm_config(config, p, args), plane, store, root, rollout, adapters, arrivals)
+        for p in policies
+    ]
+    report = summarise(results, vars(args))
+    print("\n== simulated engines (kvstack sim-engine over HTTP, the full manager) ==")
+    write_report(report, sys.stdout)
+    return report
+
+
+def _arm_config(config: LoRAConfig, policy: str, args: argparse.Namespace) -> LoRAConfig:
+    """Equal memory for every arm; LRU is the engines' own policy: no pins, no rules."""
+    update: dict[str, Any] = {
+        "eviction_policy": policy,
+        "gpu_slots_per_base_model": args.gpu_slots,
+        "host_slots_per_base_model": args.host_slots,
+    }
+    if policy == "lru":
+        update |= {"never_evict_when": [], "demote_when": []}
+    cache = config.adapter_cache_policy.model_copy(update=update)
+    return config.model_copy(update={"adapter_cache_policy": cache})
+
+
+def _arm(
+    args: argparse.Namespace,
+    config: LoRAConfig,
+    plane: Any,
+    store: ModelledStore,
+    root: Path,
+    rollout: list[str],
+    adapters: Any,
+    arrivals: Any,
+) -> ArmResult:
+    policy = config.adapter_cache_policy.eviction_policy
+    sim_args = [
+        "--model",
+        "base",
+        "--enable-lora",
+        "--max-loras",
+        str(args.gpu_slots),
+        "--max-cpu-loras",
+        str(args.host_slots),
+        "--lora-load-s",
+        str(args.engine_load_s),
+        "--lora-activate-s",
+        "0.01",
+        "--time-scale",
+        str(args.time_scale),
+        "--stream-interval",
+        "8",
+    ]
+    store.num_fetches = 0
+    print(f"simulator arm {policy}: {len(arrivals)} requests ...", file=sys.stderr)
+    with sim_fleet(args.engines, sim_args, root / f"sim-{policy}.log") as fleet:
+        setup = ArmSetup(
+            policy,
+            config,
+            plane,
+            store,
+            fleet.urls,
+            root / "warm",
+            args.time_scale,
+            args.slack,
+            rollout,
+            args.warmup_fraction,
+        )
+        result = _run_loop(setup, adapters, arrivals)
+    _reset_rollout(plane, rollout)
+    return result
+
+
+def _run_loop(setup: ArmSetup, adapters: Any, arrivals: Any) -> ArmResult:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(run_arm(setup, adapters, arrivals))
+    return uvloop.run(run_arm(setup, adapters, arrivals))
+
+
+def _rollout_adapters(adapters: Any, count: int) -> list[str]:
+    """The most popular gold and standard adapters (likely to have requests in flight)."""
+    ranked = sorted((a for a in adapters if a.tier != "platinum"), key=lambda a: -a.weight)
+    return [a.adapter_id for a in ranked[:count]]
+
+
+def _reset_rollout(plane: Any, rollout: list[str]) -> None:
+    """Back to version 1 for the next arm (rollback is one call)."""
+    for adapter_id in rollout:
+        release = plane.registry.release(adapter_id)
+        if release is not None and release.stable_version == "2":
+            plane.rollback(adapter_id, "bench")
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))
