@@ -175,7 +175,9 @@ def _print_cell(c: Cell) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvstack bench compare", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, type=Path, help="experiment YAML")
-    p.add_argument("--output", type=Path, help="output folder (default: results/<name>)")
+    p.add_argument(
+        "--output", type=Path, help="output folder (default: bench-results/compare/<name>)"
+    )
     p.add_argument("--duration", type=float, help="override duration_s")
     p.add_argument("--frontend", action="append", help="run only these front ends (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -196,7 +198,7 @@ def run(argv: list[str]) -> int:
                 known = [f.name for f in exp.frontends]
                 raise ConfigError(f"unknown frontend(s) {sorted(missing)}; known: {known}")
             exp = exp.model_copy(update={"frontends": chosen})
-        out_dir = args.output or Path(exp.output_dir or f"results/{exp.name}")
+        out_dir = args.output or Path(exp.output_dir or f"bench-results/compare/{exp.name}")
         result = run_compare(exp, out_dir, progress=not args.no_progress)
     except (ConfigError, StackError, ValueError) as exc:
         print(f"kvstack bench compare: {exc}", file=sys.stderr)

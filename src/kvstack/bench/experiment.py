@@ -117,7 +117,9 @@ class Experiment(Section):
     seed: int = Field(default=0, description="workload and arrival seed (same for every run)")
     slo: SLOSpec = Field(default_factory=SLOSpec)
     frontends: list[FrontendSpec] = Field(min_length=1, description="front ends to compare")
-    output_dir: str | None = Field(default=None, description="default: results/<name>")
+    output_dir: str | None = Field(
+        default=None, description="default: bench-results/compare/<name>"
+    )
 
     @model_validator(mode="after")
     def _load(self) -> Experiment:

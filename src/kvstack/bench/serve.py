@@ -36,8 +36,23 @@ from kvstack.errors import ConfigError
 __all__ = ["ServeResult", "build_parser", "parse_sets", "run", "run_serve"]
 
 
+def _workload_help() -> str:
+    lines = ["workload parameters (--set KEY=VALUE):"]
+    for name in WORKLOADS.names():
+        fields = WORKLOADS.get(name).params_cls.model_fields
+        params = ", ".join(f"{key}={field.default}" for key, field in fields.items())
+        lines.append(f"  {name}: {params}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvstack bench serve", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="kvstack bench serve",
+        description="Drive an OpenAI endpoint with a workload and report latency, throughput "
+        "and goodput.",
+        epilog=_workload_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--url", required=True, help="base URL of the OpenAI endpoint")
     p.add_argument("--workload", required=True, choices=WORKLOADS.names())
     load = p.add_mutually_exclusive_group(required=True)

@@ -231,7 +231,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--router", default="kvstack-router:least_load", help="frontend preset")
     p.add_argument("--json", type=Path)
-    p.add_argument("--workdir", type=Path, default=Path("results/bench-sim"))
+    p.add_argument("--workdir", type=Path, default=Path("bench-results/sim"))
     return p
 
 
