@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvstack.sim.blocks import BlockPool
+from kvstack.sim.blocks import BlockPool, KVBlock
 from kvstack.sim.config import SimConfig
 from kvstack.sim.hashing import BlockHash, chain_block_hashes
 from kvstack.sim.lora import LoRASlots
@@ -191,18 +191,10 @@ class Scheduler:
     def _try_admit(self, req: SimRequest, budget: int, step: ScheduledStep) -> int | None:
         """Admit ``req`` with its prefix and tier hits; returns its scheduled token count, or
         None (nothing changed) when its blocks do not fit."""
-        self._extend_hashes(req, req.num_tokens)
-        bs = self.block_size
-        hits = []
-        if self.config.enable_prefix_caching:
-            hits = self.pool.match_prefix(req.block_hashes[: (req.num_tokens - 1) // bs])
-        local = len(hits) * bs
-        external = 0
-        if req.tier_hit_tokens > local:
-            external = max(0, min(req.tier_hit_tokens, req.num_tokens - 1) // bs * bs - local)
+        hits, local, external = self._cached_prefix(req)
         computed = local + external
         num_new = min(req.num_tokens - computed, budget)
-        need = -(-(computed + num_new) // bs) - len(hits)
+        need = -(-(computed + num_new) // self.block_size) - len(hits)
         if need > self.pool.num_free_after_touch(hits):
             return None
         self.pool.touch(hits)
@@ -221,6 +213,18 @@ class Scheduler:
         step.cost.transfer_tokens += external
         self._add_work(step, req, num_new)
         return num_new
+
+    def _cached_prefix(self, req: SimRequest) -> tuple[list[KVBlock], int, int]:
+        """Prefix-cache blocks hit, their tokens, and the tier tokens beyond them; at most
+        ``num_tokens - 1`` tokens are ever reused (the last one must be computed)."""
+        self._extend_hashes(req, req.num_tokens)
+        bs = self.block_size
+        hits: list[KVBlock] = []
+        if self.config.enable_prefix_caching:
+            hits = self.pool.match_prefix(req.block_hashes[: (req.num_tokens - 1) // bs])
+        local = len(hits) * bs
+        tier_end = min(req.tier_hit_tokens, req.num_tokens - 1) // bs * bs
+        return hits, local, max(0, tier_end - local)
 
     def _add_work(self, step: ScheduledStep, req: SimRequest, num_new: int) -> None:
         step.work.append((req, num_new))
