@@ -81,6 +81,13 @@ def model_fingerprint(vllm_config: VllmConfig) -> str:
 class KVStackConnector(KVConnectorBase_V1):
     _cache_hit_source = CacheHitSource.HOST
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # Saves finish inside the step that computed the KV (a producer flushes its shared
+        # tiers before the step returns), so nothing is pending when a request is preempted:
+        # vLLM must not drop and recompute the preempted request's in-flight output.
+        return False
+
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:

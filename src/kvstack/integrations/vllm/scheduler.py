@@ -75,6 +75,7 @@ class SchedulerSide:
         self.local_hits: dict[str, int] = {}
         self.lookups: dict[str, _Lookup] = {}
         self.stats = KVStackStats()
+        self._reported_tracked = -1
 
     # -- request lifecycle -----------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
@@ -163,6 +164,9 @@ class SchedulerSide:
                 meta.saves.append(saves)
 
     def take_stats(self) -> KVStackStats | None:
+        if len(self.trackers) != self._reported_tracked:
+            self._reported_tracked = len(self.trackers)
+            self.stats.set_gauge("tracked_requests", self._reported_tracked)
         if self.stats.is_empty():
             return None
         stats, self.stats = self.stats, KVStackStats()

@@ -75,7 +75,8 @@ class KVStackStats(KVConnectorStats):
         return out
 
     def is_empty(self) -> bool:
-        return not any(v for k, v in self.data.items() if not k.startswith("gauge:"))
+        # Gauges count as content: they are only set when they have something new to say.
+        return not any(v or k.startswith("gauge:") for k, v in self.data.items())
 
 
 class KVStackPromMetrics(KVConnectorPromMetrics):
@@ -113,6 +114,12 @@ class KVStackPromMetrics(KVConnectorPromMetrics):
             )
             for name in ("used_bytes", "entries")
         }
+        self._tracked = gauge_cls(
+            name="kvstack_connector_tracked_requests",
+            documentation="Requests the connector's scheduler side holds state for",
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
         self._histograms: dict[str, Any] = {
             name: histogram_cls(
                 name=f"kvstack_connector_{name}",
@@ -130,6 +137,8 @@ class KVStackPromMetrics(KVConnectorPromMetrics):
             if kind == "tier":
                 tier, _, counter = rest.partition(":")
                 self._tier_counters[counter].labels(*labels, tier).inc(value)
+            elif name == "gauge:tracked_requests":
+                self._tracked.labels(*labels).set(value)
             elif kind == "gauge":
                 _, tier, gauge = rest.split(":")
                 self._tier_gauges[gauge].labels(*labels, tier).set(value)

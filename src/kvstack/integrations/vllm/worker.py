@@ -145,11 +145,23 @@ class WorkerSide:
             return
         if self.events is not None and chunk.tokens is not None:
             self.events.remember(key, ChunkInfo(chunk.tokens, chunk.parent, lora_name))
-        buf = self._staging_buffers(1)[0]
-        self.paged.gather(chunk.block_ids, buf)
-        if self.cache.put_chunks([key], [buf]):
+        shape = self.layout.chunk_shape(self.blocks_per_chunk)
+        # Gather straight into the first tier's memory when it offers it (one copy, not two).
+        target = self.cache.prepare_put(key, torch.uint8, shape)
+        if target is not None:
+            ok = False
+            try:
+                self.paged.gather(chunk.block_ids, target)
+                ok = True
+            finally:
+                stored = self.cache.complete_put(key, ok)
+        else:
+            target = self._staging_buffers(1)[0]
+            self.paged.gather(chunk.block_ids, target)
+            stored = bool(self.cache.put_chunks([key], [target]))
+        if stored:
             self.stats.add("save_chunks", 1)
-            self.stats.add("save_bytes", buf.numel())
+            self.stats.add("save_bytes", target.numel())
 
     # -- reporting -------------------------------------------------------------------------
     def take_events(self) -> KVStackKVEvents | None:
@@ -173,8 +185,11 @@ class WorkerSide:
                 previous[name] = value
                 if delta:
                     self.stats.add(f"tier:{tier.name}:{name}", delta)
-            self.stats.set_gauge(f"tier:{tier.name}:used_bytes", current.bytes_used)
-            self.stats.set_gauge(f"tier:{tier.name}:entries", current.entries)
+            gauges = {"used_bytes": current.bytes_used, "entries": current.entries}
+            for gauge, value in gauges.items():
+                if previous.get(gauge) != value:
+                    previous[gauge] = value
+                    self.stats.set_gauge(f"tier:{tier.name}:{gauge}", value)
 
     def close(self) -> None:
         self.server.close()
