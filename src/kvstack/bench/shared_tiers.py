@@ -1,9 +1,11 @@
 """Shared-tier throughput: Redis batched get and peer fetch against loopback TCP, same run.
 
-    python -m kvstack.bench.shared_tiers [--chunks 8] [--rounds 5] [--s3] [--json FILE]
+    python -m kvstack.bench.shared_tiers [--chunks 8] [--rounds 7] [--s3] [--json FILE]
 
 Each figure is the median over rounds of one batched call moving ``--chunks`` chunks of the
-Llama-3-8B shape (32 MiB, bf16) on loopback; every server is a process of its own:
+Llama-3-8B shape (32 MiB, bf16) on loopback; every server is a process of its own. The
+transfers are interleaved — each round runs every one of them once — so a busy machine slows
+the reference and the tiers alike and the ratios stay meaningful:
 
 - ``tcp_loopback_gbps``: a sender process streams the same bytes over one TCP connection into
   preallocated buffers (``recv_into``) — the ceiling for any single-connection transfer here;
@@ -20,7 +22,9 @@ Llama-3-8B shape (32 MiB, bf16) on loopback; every server is a process of its ow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -28,9 +32,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvstack.bench import shared_procs
 from kvstack.kv.keys import ChunkKey
@@ -40,17 +44,28 @@ from kvstack.kv.tiers import Tier, make_tier
 __all__ = ["run", "run_shared_tier_bench"]
 
 CHUNK_SHAPE = (32, 2, 256, 8, 128)  # Llama-3-8B, 256 tokens, bf16: 32 MiB
+CHUNK_BYTES = torch.Size(CHUNK_SHAPE).numel() * 2
 REDIS_BAR_GBPS = 1.0
 PEER_BAR_RATIO = 0.5
 
 
-def _median_gbps(num_bytes: int, rounds: int, call: Callable[[], object]) -> float:
-    times = []
+class Transfer(NamedTuple):
+    name: str
+    num_bytes: int
+    fetch: Callable[[], object]
+
+
+def interleaved(transfers: list[Transfer], rounds: int) -> dict[str, float]:
+    """GB/s of each transfer: the median of ``rounds`` timed calls, one of each per round."""
+    for transfer in transfers:
+        transfer.fetch()  # warm up connections and caches
+    times: dict[str, list[float]] = {t.name: [] for t in transfers}
     for _ in range(rounds):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return num_bytes / statistics.median(times) / 1e9
+        for transfer in transfers:
+            start = time.perf_counter()
+            transfer.fetch()
+            times[transfer.name].append(time.perf_counter() - start)
+    return {t.name: t.num_bytes / statistics.median(times[t.name]) / 1e9 for t in transfers}
 
 
 def _free_port() -> int:
@@ -59,141 +74,127 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _outs(num: int, shape: tuple[int, ...] = CHUNK_SHAPE) -> list[torch.Tensor]:
-    outs = [torch.empty(shape, dtype=torch.bfloat16) for _ in range(num)]
+def _wait_port(port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port)).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _outs(num: int) -> list[torch.Tensor]:
+    outs = [torch.empty(CHUNK_SHAPE, dtype=torch.bfloat16) for _ in range(num)]
     for out in outs:
         out.fill_(0)  # touch the pages: no page faults inside the timed reads
     return outs
 
 
-def measure_tcp(num_chunks: int, rounds: int) -> float:
-    chunk_bytes = torch.Size(CHUNK_SHAPE).numel() * 2
-    proc, port = shared_procs.start_tcp_sender(chunk_bytes)
-    outs = _outs(num_chunks)
-    views = [byte_view(o) for o in outs]
-    try:
-        with socket.create_connection(("127.0.0.1", port)) as sock:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            shared_procs.tcp_fetch(sock, views)  # warm up
-            return _median_gbps(
-                chunk_bytes * num_chunks, rounds, lambda: shared_procs.tcp_fetch(sock, views)
-            )
-    finally:
-        proc.kill()
-
-
-def _check(tier: Tier, keys: list[ChunkKey], outs: list[torch.Tensor]) -> None:
+def _load(tier: Tier, keys: list[ChunkKey], outs: list[torch.Tensor]) -> None:
     if not all(tier.get_many_into(keys, outs)):
         raise RuntimeError(f"{tier.name}: not every chunk came back")
 
 
-def _tier_figures(tier: Tier, num_chunks: int, rounds: int, prefix: str) -> dict[str, float]:
-    chunk_bytes = torch.Size(CHUNK_SHAPE).numel() * 2
-    keys = [ChunkKey(f"{prefix}{i:012d}".encode()[:16].ljust(16, b"-")) for i in range(num_chunks)]
+def _store(tier: Tier, num_chunks: int, prefix: str) -> tuple[list[ChunkKey], float]:
+    """Store ``num_chunks`` chunks; their keys and the store throughput (put + flush)."""
+    keys = [ChunkKey(f"{prefix}{i:015d}".encode()) for i in range(num_chunks)]
     chunks = [torch.full(CHUNK_SHAPE, float(i), dtype=torch.bfloat16) for i in range(num_chunks)]
     start = time.perf_counter()
     tier.put_many(keys, chunks)
     if not tier.flush(600):
         raise RuntimeError(f"{tier.name}: writes did not finish")
-    store_gbps = chunk_bytes * num_chunks / (time.perf_counter() - start) / 1e9
-    outs = _outs(num_chunks)
-    _check(tier, keys, outs)  # warm up (and check)
-    get_gbps = _median_gbps(chunk_bytes * num_chunks, rounds, lambda: _check(tier, keys, outs))
-    return {"store_gbps": store_gbps, "get_gbps": get_gbps}
+    return keys, CHUNK_BYTES * num_chunks / (time.perf_counter() - start) / 1e9
 
 
-def measure_redis(num_chunks: int, rounds: int, workdir: Path) -> dict[str, float]:
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+@contextlib.contextmanager
+def tcp_transfer(num_chunks: int) -> Iterator[Transfer]:
+    proc, port = shared_procs.start_tcp_sender(CHUNK_BYTES)
+    views = [byte_view(o) for o in _outs(num_chunks)]
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            yield Transfer(
+                "tcp", CHUNK_BYTES * num_chunks, lambda: shared_procs.tcp_fetch(sock, views)
+            )
+    finally:
+        proc.kill()
+
+
+@contextlib.contextmanager
+def redis_transfers(num_chunks: int, workdir: Path) -> Iterator[tuple[list[Transfer], float]]:
+    """The tier's batched get and redis-py's pipelined get of the same values; store GB/s."""
+    import redis
+
     port = _free_port()
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
     server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        tier = _wait_for_tier(
-            f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=4GiB&timeout_s=30"
+        _wait_port(port)
+        url = f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=4GiB&timeout_s=60"
+        tier = make_tier(url, name="redis")
+        keys, store_gbps = _store(tier, num_chunks, "r")
+        outs = _outs(num_chunks)
+        client = redis.Redis(port=port, socket_timeout=60)
+        names = [b"bench:" + k.hex().encode() for k in keys]
+        size = sum(int(client.strlen(n)) for n in names)
+
+        def redis_py() -> None:
+            pipe = client.pipeline(transaction=False)
+            for name in names:
+                pipe.get(name)
+            pipe.execute()
+
+        yield (
+            [
+                Transfer("redis", CHUNK_BYTES * num_chunks, lambda: _load(tier, keys, outs)),
+                Transfer("redis_py", size, redis_py),
+            ],
+            store_gbps,
         )
-        figures = _tier_figures(tier, num_chunks, rounds, "r")
-        figures["redis_py_get_gbps"] = _redis_py_gbps(port, tier, num_chunks, rounds)
+        client.close()
         tier.close()
-        return figures
     finally:
         server.kill()
         server.wait()
 
 
-def _wait_for_tier(url: str) -> Tier:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            with socket.create_connection(("127.0.0.1", int(url.split(":")[2].split("/")[0]))):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    return make_tier(url, name="redis")
-
-
-def _redis_py_gbps(port: int, tier: Tier, num_chunks: int, rounds: int) -> float:
-    import redis
-
-    client = redis.Redis(port=port)
-    names = [n.decode() for n in client.scan_iter(match="bench:*", count=1000)]
-
-    def fetch() -> None:
-        pipe = client.pipeline(transaction=False)
-        for name in names:
-            pipe.get(name)
-        pipe.execute()
-
-    fetch()
-    size = sum(int(client.strlen(n)) for n in names)
-    gbps = _median_gbps(size, rounds, fetch)
-    client.close()
-    return gbps
-
-
-def measure_peer(num_chunks: int, rounds: int) -> dict[str, float]:
-    chunk_bytes = torch.Size(CHUNK_SHAPE).numel() * 2
+@contextlib.contextmanager
+def peer_transfer(num_chunks: int) -> Iterator[Transfer]:
     proc, port = shared_procs.start_lender(CHUNK_SHAPE, num_chunks)
     try:
-        tier = make_tier(f"peer://127.0.0.1:{port}?timeout_s=30", name="peer")
+        tier = make_tier(f"peer://127.0.0.1:{port}?timeout_s=60", name="peer")
         keys = [ChunkKey(k) for k in shared_procs.lender_keys(CHUNK_SHAPE[2], num_chunks)]
         outs = _outs(num_chunks)
-        _check(tier, keys, outs)
-        gbps = _median_gbps(chunk_bytes * num_chunks, rounds, lambda: _check(tier, keys, outs))
+        yield Transfer("peer", CHUNK_BYTES * num_chunks, lambda: _load(tier, keys, outs))
         tier.close()
-        return {"get_gbps": gbps}
     finally:
         proc.kill()
 
 
 def measure_s3(num_chunks: int, rounds: int) -> dict[str, float]:
-    import os
-
+    """Store and get against moto's server (a mock: figures for reference only)."""
     port = _free_port()
-    env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-           "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
-    os.environ.update(
-        {k: env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    )
+    creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+             "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    for name, value in creds.items():
+        os.environ.setdefault(name, value)
     server = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env={**os.environ, **creds},
     )  # fmt: skip
     try:
+        _wait_port(port)
         url = f"s3://bench/kv?endpoint_url=http://127.0.0.1:{port}&create_bucket=true&timeout_s=60"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port)).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
         tier = make_tier(url, name="s3")
-        figures = _tier_figures(tier, num_chunks, rounds, "s")
+        keys, store_gbps = _store(tier, num_chunks, "s")
+        outs = _outs(num_chunks)
+        get = Transfer("s3", CHUNK_BYTES * num_chunks, lambda: _load(tier, keys, outs))
+        figures = {"store_gbps": store_gbps, "get_gbps": interleaved([get], rounds)["s3"]}
         tier.close()
         return figures
     finally:
@@ -201,29 +202,32 @@ def measure_s3(num_chunks: int, rounds: int) -> dict[str, float]:
         server.wait()
 
 
-def run_shared_tier_bench(num_chunks: int = 8, rounds: int = 5, s3: bool = False) -> dict[str, Any]:
+def run_shared_tier_bench(num_chunks: int = 8, rounds: int = 7, s3: bool = False) -> dict[str, Any]:
     """Figures for the shared tiers, with the loopback TCP reference of the same run."""
-    chunk_bytes = torch.Size(CHUNK_SHAPE).numel() * 2
-    with tempfile.TemporaryDirectory(prefix="kvstack-bench-shared-") as workdir:
-        tcp = measure_tcp(num_chunks, rounds)
-        redis_figures = measure_redis(num_chunks, rounds, Path(workdir))
-        peer_figures = measure_peer(num_chunks, rounds)
-        tcp_after = measure_tcp(num_chunks, rounds)  # the machine may have changed meanwhile
-    reference = statistics.median([tcp, tcp_after])
-    redis_figures["get_ratio_vs_tcp"] = redis_figures["get_gbps"] / reference
-    peer_figures["ratio_vs_tcp"] = peer_figures["get_gbps"] / reference
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="kvstack-bench-")))
+        tcp = stack.enter_context(tcp_transfer(num_chunks))
+        redis_pair, store_gbps = stack.enter_context(redis_transfers(num_chunks, workdir))
+        peer = stack.enter_context(peer_transfer(num_chunks))
+        gbps = interleaved([tcp, *redis_pair, peer], rounds)
+    reference = gbps["tcp"]
     result: dict[str, Any] = {
-        "chunk_bytes": chunk_bytes,
+        "chunk_bytes": CHUNK_BYTES,
         "num_chunks": num_chunks,
         "rounds": rounds,
+        "load_average": os.getloadavg()[0],
         "tcp_loopback_gbps": reference,
-        "tcp_loopback_runs_gbps": [tcp, tcp_after],
-        "redis": redis_figures,
-        "peer": peer_figures,
-        "bars": {
-            "redis_get_ge_1gbps": redis_figures["get_gbps"] >= REDIS_BAR_GBPS,
-            "peer_ge_half_tcp": peer_figures["ratio_vs_tcp"] >= PEER_BAR_RATIO,
+        "redis": {
+            "get_gbps": gbps["redis"],
+            "get_ratio_vs_tcp": gbps["redis"] / reference,
+            "redis_py_get_gbps": gbps["redis_py"],
+            "store_gbps": store_gbps,
         },
+        "peer": {"get_gbps": gbps["peer"], "ratio_vs_tcp": gbps["peer"] / reference},
+    }
+    result["bars"] = {
+        "redis_get_ge_1gbps": gbps["redis"] >= REDIS_BAR_GBPS,
+        "peer_ge_half_tcp": result["peer"]["ratio_vs_tcp"] >= PEER_BAR_RATIO,
     }
     if s3:
         result["s3"] = measure_s3(min(num_chunks, 4), min(rounds, 3))
@@ -237,10 +241,11 @@ def _verdict(ok: bool) -> str:
 def _print(result: dict[str, Any]) -> None:
     tcp, bars = result["tcp_loopback_gbps"], result["bars"]
     r, p = result["redis"], result["peer"]
-    runs = ", ".join(f"{x:.2f}" for x in result["tcp_loopback_runs_gbps"])
     mib = result["chunk_bytes"] / 2**20
-    print(f"{result['num_chunks']} chunks x {mib:.0f} MiB, median of {result['rounds']} rounds")
-    print(f"  loopback TCP reference     {tcp:6.2f} GB/s  (before, after: {runs})")
+    print(f"{result['num_chunks']} chunks x {mib:.0f} MiB per call, median of "
+          f"{result['rounds']} interleaved rounds (load average {result['load_average']:.1f} "
+          f"on {os.cpu_count()} CPUs)")  # fmt: skip
+    print(f"  loopback TCP reference     {tcp:6.2f} GB/s")
     print(f"  redis batched get          {r['get_gbps']:6.2f} GB/s  "
           f"{r['get_ratio_vs_tcp']:.2f}x TCP  bar >= {REDIS_BAR_GBPS} GB/s: "
           f"{_verdict(bars['redis_get_ge_1gbps'])}")  # fmt: skip
@@ -260,7 +265,7 @@ def run(argv: list[str]) -> int:
         description="Redis batched get and peer fetch of 32 MiB chunks against loopback TCP.",
     )
     parser.add_argument("--chunks", type=int, default=8, help="32 MiB chunks per batched call")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds per figure (median)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds per figure (median)")
     parser.add_argument("--s3", action="store_true", help="also measure s3 against moto")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
