@@ -106,7 +106,7 @@ def measure_shape(
         _fill(cpu, chunks, "warmup", clock)  # faults the arena in: later rounds evict and reuse it
         for r in range(rounds):
             step(f"{shape.name}: round {r + 1}/{rounds}")
-            _round(shape, chunks, outs, cpu, files, variants, root / "raw", r, samples, clock)
+            _Round(r, chunks, outs, samples, clock).run(cpu, files, variants, root / "raw")
     finally:
         cpu.close()
         for tier in files.values():
@@ -135,37 +135,64 @@ def _file_tier(path: Path, v: Variant, num_chunks: int, shape: Shape) -> FileTie
     )
 
 
-def _round(
-    shape: Shape,
-    chunks: list[torch.Tensor],
-    outs: list[torch.Tensor],
-    cpu: CPUTier,
-    files: dict[str, FileTier],
-    variants: list[Variant],
-    raw_dir: Path,
-    r: int,
-    samples: Samples,
-    clock: Clock,
-) -> None:
-    total = len(chunks) * shape.chunk_bytes
+@dataclass
+class _Round:
+    """One round: every tier next to its reference, each pair in alternating order."""
 
-    def record(name: str, seconds: float) -> None:
-        samples.setdefault(name, []).append(total / seconds / 1e9)
+    r: int
+    chunks: list[torch.Tensor]
+    outs: list[torch.Tensor]
+    samples: Samples
+    clock: Clock
 
-    record("memcpy", _timed(clock, lambda: [o.copy_(c) for o, c in zip(outs, chunks, strict=True)]))
-    keys = _fill(cpu, chunks, f"r{r}", clock, timer=lambda s: record("cpu.store", s))
-    record("cpu.retrieve", _timed(clock, lambda: _get_all(cpu, keys, outs)))
-    for v in variants:  # each file tier right next to its own raw-file references
-        paths = [raw_dir / f"{i}.{r}" for i in range(len(chunks))]
-        tier = files[v.name]
-        record(f"{v.name}.ref.write", _timed(clock, partial(_raw_write, paths, chunks, v.fsync)))
-        keys = _fill(tier, chunks, f"r{r}", clock, timer=partial(record, f"{v.name}.store"))
-        record(f"{v.name}.ref.read", _timed(clock, partial(_raw_read, paths, outs)))
-        record(f"{v.name}.retrieve", _timed(clock, partial(_get_all, tier, keys, outs)))
-        for p in paths:
-            p.unlink()
-        for k in keys:
-            tier.remove(k)
+    def run(
+        self, cpu: CPUTier, files: dict[str, FileTier], variants: list[Variant], raw: Path
+    ) -> None:
+        _in_turn(self.r, self.memcpy, partial(self.cpu_tier, cpu))
+        for v in variants:
+            self.file_tier(
+                files[v.name], v, [raw / f"{i}.{self.r}" for i in range(len(self.chunks))]
+            )
+
+    def record(self, name: str, seconds: float) -> None:
+        total = sum(c.numel() * c.element_size() for c in self.chunks)
+        self.samples.setdefault(name, []).append(total / seconds / 1e9)
+
+    def timed(self, name: str, fn: Callable[[], object]) -> None:
+        self.record(name, _timed(self.clock, fn))
+
+    def memcpy(self) -> None:
+        self.timed(
+            "memcpy", lambda: [o.copy_(c) for o, c in zip(self.outs, self.chunks, strict=True)]
+        )
+
+    def cpu_tier(self, cpu: CPUTier) -> None:
+        keys = self.store(cpu, "cpu.store")
+        self.timed("cpu.retrieve", partial(_get_all, cpu, keys, self.outs))
+
+    def file_tier(self, tier: FileTier, v: Variant, paths: list[Path]) -> None:
+        keys: list[ChunkKey] = []
+        write_ref = partial(
+            self.timed, f"{v.name}.ref.write", partial(_raw_write, paths, self.chunks, v.fsync)
+        )
+        _in_turn(self.r, write_ref, lambda: keys.extend(self.store(tier, f"{v.name}.store")))
+        read_ref = partial(self.timed, f"{v.name}.ref.read", partial(_raw_read, paths, self.outs))
+        read = partial(self.timed, f"{v.name}.retrieve", partial(_get_all, tier, keys, self.outs))
+        _in_turn(self.r, read_ref, read)
+        for path in paths:
+            path.unlink()
+        for key in keys:
+            tier.remove(key)
+
+    def store(self, tier: Tier, name: str) -> list[ChunkKey]:
+        return _fill(tier, self.chunks, f"r{self.r}", self.clock, partial(self.record, name))
+
+
+def _in_turn(r: int, first: Callable[[], None], second: Callable[[], None]) -> None:
+    """Run the pair, the other way round in odd rounds: whichever runs first pays for the
+    previous step's leftovers (dirty pages being written back, caches), so neither always does."""
+    for step in (first, second) if r % 2 == 0 else (second, first):
+        step()
 
 
 def _fill(
