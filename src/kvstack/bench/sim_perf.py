@@ -9,7 +9,10 @@
    the load generator, all on this machine; at each simulated rate, the client's mean TTFT
    against the engines' own (the modelled one), the engines' step lag, and each process's CPU.
    A rate "fits" when the engines lost under 5% of the run to lag and the client's TTFT stays
-   within 25% of the engines' (the pipeline, not the machine, sets the latencies).
+   within 25% of the engines' (the pipeline, not the machine, sets the latencies). On a host
+   shared with other work that test says more about the neighbours than about the simulator,
+   so each point also reports the CPU milliseconds each process spent per request and the
+   rate those costs would allow if the processes had this host's CPUs to themselves.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class FleetPoint:
     ttft_ratio: float
     lag_share: float  # max over engines of lag wall seconds / run wall seconds
     cpu_share: dict[str, float]  # process -> CPU seconds per wall second
+    cpu_ms_per_request: dict[str, float]  # process -> CPU milliseconds per request
+    projected_wall_rps: float  # requests/s these processes could carry on the CPUs here
     fits: bool
 
 
@@ -169,19 +174,23 @@ def fleet_point(args: argparse.Namespace, rate: float, workdir: Path) -> FleetPo
             }
             result = asyncio.run(run_serve(url, "shared-prefix", params, plan, SLO(), "sim"))
             wall = time.perf_counter() - wall_before
-            share = {k: (cpu_s(p) - before[k]) / wall for k, p in pids.items()}
-            share["loadgen"] = (time.process_time() - client_before) / wall
+            used = {k: cpu_s(p) - before[k] for k, p in pids.items()}
+            used["loadgen"] = time.process_time() - client_before
         engine_ttft, lag = _engine_ttft_and_lag(fleet.urls)
     finally:
         fleet.stop()
     o = result.summary.overall
+    share = {k: v / wall for k, v in used.items()}
+    per_request = {k: v * 1e3 / max(o.num_requests, 1) for k, v in used.items()}
+    projected = (os.cpu_count() or 1) * 1e3 / max(sum(per_request.values()), 1e-9)
     client_ttft = o.ttft_s.mean or 0.0
     ratio = client_ttft / engine_ttft if engine_ttft else 0.0
     lag_share = lag / wall
     fits = lag_share < 0.05 and ratio < 1.25 and o.num_errors == 0
     return FleetPoint(
-        rate, o.num_requests, o.num_errors, client_ttft, engine_ttft, ratio, lag_share, share, fits
-    )
+        rate, o.num_requests, o.num_errors, client_ttft, engine_ttft, ratio, lag_share, share,
+        per_request, projected, fits,
+    )  # fmt: skip
 
 
 def _frontend_pid(url: str) -> int | None:
@@ -259,12 +268,16 @@ def _print_fleet(args: argparse.Namespace, points: list[FleetPoint]) -> None:
         f"{cpu_pressure()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     for p in points:
-        cpu = ", ".join(f"{k} {v:.0%}" for k, v in p.cpu_share.items())
+        cpu = ", ".join(
+            f"{k} {p.cpu_share[k]:.0%} ({p.cpu_ms_per_request[k]:.1f} ms/req)" for k in p.cpu_share
+        )
         print(
             f"  rate {p.rate:>5g}/s (x{args.time_scale:g} = {p.rate * args.time_scale:g}/s wall): "
             f"{p.requests} req, TTFT client {p.client_ttft_mean_s:.3f} s vs engine "
             f"{p.engine_ttft_mean_s:.3f} s ({p.ttft_ratio:.2f}x), lag {p.lag_share:.1%}, "
-            f"CPU {cpu} -> {'fits' if p.fits else 'does not fit'}"
+            f"CPU {cpu} -> {'fits' if p.fits else 'does not fit'}; the CPUs here could carry "
+            f"{p.projected_wall_rps:.0f}/s wall = {p.projected_wall_rps / args.time_scale:.1f}/s "
+            "simulated"
         )
 
 

@@ -41,6 +41,9 @@ _SMALL_INTS = [
     for i in range(1 << 16)
 ]
 _NULL = b"\xf6"
+# (parent, block tokens, extra keys) -> hash: prompts sharing a prefix hash it once.
+_MEMO: dict[tuple[bytes, tuple[int, ...], bytes], BlockHash] = {}
+_MEMO_LIMIT = 1 << 18
 
 
 def _head(major: int, length: int) -> bytes:
@@ -115,14 +118,22 @@ def chain_block_hashes(
     out: list[BlockHash] = []
     prev = parent
     tail = None if lora is None else cbor(block_extra_keys(lora, None, False))
+    memo = _MEMO
     for index in range(start_block, len(tokens) // block_size):
         begin = index * block_size
         if tail is None or (cache_salt and index == 0):
             extra = cbor(block_extra_keys(lora, cache_salt, index == 0))
         else:
             extra = tail
-        payload = b"\x83\x58\x20" + prev + _token_array(tokens[begin : begin + block_size]) + extra
-        prev = BlockHash(hashlib.sha256(payload).digest())
+        block = tuple(tokens[begin : begin + block_size])
+        key = (prev, block, extra)
+        found = memo.get(key)
+        if found is None:
+            payload = b"\x83\x58\x20" + prev + _token_array(block) + extra
+            found = memo[key] = BlockHash(hashlib.sha256(payload).digest())
+            if len(memo) > _MEMO_LIMIT:  # bounded: shared prefixes are re-hashed rarely
+                memo.clear()
+        prev = found
         out.append(prev)
     return out
 

