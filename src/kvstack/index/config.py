@@ -4,7 +4,7 @@
 - ``announce``: how a kvstack-enabled engine reports its chunks to that server.
 - ``peer``: the peer server through which an engine lends its CPU/disk chunks to other engines.
 
-The router's prefix radix tree will add its own subsection here.
+- ``RadixConfig``: the router's prefix radix tree (the router's ``prefix.index`` settings).
 """
 
 from __future__ import annotations
@@ -13,7 +13,13 @@ from pydantic import Field, field_validator
 
 from kvstack.section import Section
 
-__all__ = ["AnnounceConfig", "IndexConfig", "IndexServiceConfig", "PeerServerConfig"]
+__all__ = [
+    "AnnounceConfig",
+    "IndexConfig",
+    "IndexServiceConfig",
+    "PeerServerConfig",
+    "RadixConfig",
+]
 
 
 def _check_host_port(value: str, what: str) -> str:
@@ -96,6 +102,35 @@ class PeerServerConfig(Section):
         default=4096, gt=0, description="largest batch one request may name"
     )
     timeout_s: float = Field(default=10.0, gt=0, description="idle timeout of a connection")
+
+
+class RadixConfig(Section):
+    """The router's token radix tree (:class:`kvstack.index.radix.RadixIndex`)."""
+
+    page_size: int = Field(
+        default=16,
+        ge=1,
+        le=4096,
+        description="tokens per page; must divide the engines' KV block size (vLLM's GPU "
+        "default is 16, its CPU build 128, kvstack chunks 256)",
+    )
+    max_tokens: int = Field(
+        default=8_000_000,
+        gt=0,
+        description="bound of the whole tree, in tokens (each costs ~10-40 bytes of memory)",
+    )
+    routed_capacity_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="what the router believes one backend holds, from its own routing; "
+        "None: the engine's KV capacity from vllm:cache_config_info, else 1M tokens",
+    )
+    routed_ttl_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="forget a routed prefix not used for this long (engines evict idle "
+        "blocks under pressure); None: never",
+    )
 
 
 class IndexConfig(Section):
