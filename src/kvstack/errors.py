@@ -8,6 +8,7 @@
      ├── KVError
      │    ├── ChunkFormatError            a stored chunk is truncated, corrupt or foreign
      │    └── TierError                   a tier I/O failure (the cache degrades it to a miss)
+     │         └── PeerProtocolError       a peer sent bytes that are not kvstack's peer protocol
      ├── RouterError
      │    ├── NoBackendError              no backend can serve the request
      │    ├── UpstreamError               a backend failed before the first byte
@@ -38,6 +39,7 @@ __all__ = [
     "LoRAError",
     "MissingExtraError",
     "NoBackendError",
+    "PeerProtocolError",
     "RegistryError",
     "RequestError",
     "RouterError",
@@ -72,6 +74,10 @@ class ChunkFormatError(KVError):
 
 class TierError(KVError):
     """A tier failed an operation; the tiered cache turns it into a miss."""
+
+
+class PeerProtocolError(TierError):
+    """A peer sent bytes that are not the peer protocol; the connection is closed."""
 
 
 class RouterError(KVStackError):

@@ -12,7 +12,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "compare": ("kvstack.bench.compare", "fleet + front ends side by side, table and plots"),
     "vllm": ("kvstack.bench.vllm", "TTFT with the kvstack connector on a real vLLM engine"),
     "router": ("kvstack.bench.router", "router-added latency and throughput"),
-    "index": ("kvstack.bench.index", "prefix index and cluster index lookup speed"),
+    "index": ("kvstack.bench.index", "cluster KV index lookup speed with 1M chunks"),
+    "shared": ("kvstack.bench.shared_tiers", "Redis, S3 and peer tiers against loopback TCP"),
+    "radix": ("kvstack.bench.radix", "the router's radix prefix index: insert and match"),
+    "lora": ("kvstack.lora.bench", "adapter cache policies on the lora-zipf workload"),
     "sim": (
         "kvstack.bench.sim_perf",
         "simulator capacity: one engine's req/s, a fleet on this host",

@@ -15,10 +15,11 @@ from pydantic import Field
 
 from kvstack.config import load_section
 from kvstack.errors import ConfigError
+from kvstack.index.config import IndexConfig
 from kvstack.kv.config import KVConfig
 from kvstack.section import Section
 
-__all__ = ["ConnectorSettings", "split_extra_config"]
+__all__ = ["ConnectorSettings", "index_section", "split_extra_config"]
 
 
 class ConnectorSettings(Section):
@@ -43,9 +44,20 @@ class ConnectorSettings(Section):
     kv_events: bool = Field(
         default=True, description="report kvstack tier stores/removals in vLLM's KV events"
     )
+    index: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the `index` section for this engine: announce its chunks to a cluster "
+        "index service (announce.index_url, announce.instance_id = the engine's URL) and lend "
+        "its tiers to peers (peer.enabled)",
+    )
 
 
 _CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
+
+
+def index_section(settings: ConnectorSettings) -> IndexConfig:
+    """The engine's ``index`` section: its extra config over YAML and ``KVSTACK_INDEX_*``."""
+    return load_section("index", IndexConfig, settings.index)
 
 
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, KVConfig]:

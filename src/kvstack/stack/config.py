@@ -1,11 +1,103 @@
-"""Configuration of the ``stack`` section."""
+"""Configuration of ``kvstack up`` (the ``stack`` section): which components run, and how.
+
+A two-engine stack with a shared disk tier behind the router::
+
+    stack:
+      run_dir: .kvstack/run
+      engines:
+        - name: engine
+          kind: vllm            # or sim (the simulator; no vLLM needed)
+          replicas: 2
+          model: toy            # toy | toy-small | a local model directory
+          connector:
+            tiers: ["cpu://?size=1GiB", "file://{run_dir}/kv?size=4GiB"]
+      router: {port: 8000}
+      index: {port: 8300}       # optional: the cluster KV index service
+      redis: {port: 6390}       # optional: a local redis-server (must be on PATH)
+
+Tier URLs may use ``{run_dir}`` and ``{redis_url}``. Ports left out are picked free.
+"""
 
 from __future__ import annotations
 
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
 from kvstack.section import Section
 
-__all__ = ["StackConfig"]
+__all__ = ["ConnectorSpec", "EngineSpec", "IndexSpec", "RedisSpec", "RouterSpec", "StackConfig"]
+
+
+class ConnectorSpec(Section):
+    tiers: list[str] = Field(
+        default_factory=lambda: ["cpu://?size=1GiB"], description="kvstack tier URLs, fastest first"
+    )
+    chunk_size: int = Field(default=256, gt=0, description="tokens per kvstack chunk")
+    role: Literal["kv_both", "kv_producer", "kv_consumer"] = Field(
+        default="kv_both", description="connector role (producer: prefill engines)"
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict, description="more kv_connector_extra_config keys"
+    )
+
+
+class EngineSpec(Section):
+    name: str = Field(default="engine", pattern=r"^[a-z0-9][a-z0-9-]*$", description="name prefix")
+    kind: Literal["vllm", "sim"] = Field(default="vllm", description="real vLLM or the simulator")
+    replicas: int = Field(default=1, ge=1, le=64, description="engines of this spec")
+    port: int | None = Field(default=None, ge=1, le=65535, description="first port; None: free")
+    model: str = Field(
+        default="toy", description="toy, toy-small (built locally) or a model directory / id"
+    )
+    served_model_name: str | None = Field(default=None, description="name clients use")
+    connector: ConnectorSpec | None = Field(default=None, description="kvstack connector, or none")
+    kv_events: bool = Field(default=False, description="publish vLLM KV events over ZMQ")
+    role: Literal["both", "prefill", "decode"] = Field(
+        default="both", description="the router's prefill/decode role of these engines"
+    )
+    max_model_len: int = Field(default=8192, gt=0, description="context limit")
+    kv_cache_space_gib: int = Field(default=1, ge=1, description="vLLM CPU KV cache (GiB)")
+    args: list[str] = Field(default_factory=list, description="extra engine command-line args")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment")
+    start_timeout_s: float = Field(default=600.0, gt=0, description="time to become healthy")
+
+
+class RouterSpec(Section):
+    port: int | None = Field(default=8000, ge=1, le=65535, description="listen port")
+    policy: str | None = Field(default=None, description="routing policy (router default if None)")
+    config: dict[str, Any] = Field(
+        default_factory=dict, description="more `router` section keys (backends are filled in)"
+    )
+    start_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class IndexSpec(Section):
+    port: int | None = Field(default=None, ge=1, le=65535, description="listen port")
+    start_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class RedisSpec(Section):
+    port: int | None = Field(default=None, ge=1, le=65535, description="listen port")
+    binary: str = Field(default="redis-server", description="redis (or valkey) server binary")
+    start_timeout_s: float = Field(default=30.0, gt=0)
 
 
 class StackConfig(Section):
-    """Filled in by the component that owns this section."""
+    run_dir: str = Field(default=".kvstack/run", description="logs, state file and local tiers")
+    host: str = Field(default="127.0.0.1", description="address every component listens on")
+    engines: list[EngineSpec] = Field(
+        default_factory=lambda: [EngineSpec(kind="sim", replicas=2)], description="engine groups"
+    )
+    router: RouterSpec | None = Field(default_factory=RouterSpec, description="None: no router")
+    index: IndexSpec | None = Field(default=None, description="cluster KV index service")
+    redis: RedisSpec | None = Field(default=None, description="a local redis-server")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> StackConfig:
+        names = [e.name for e in self.engines]
+        if len(set(names)) != len(names):
+            raise ValueError(f"engine names must be unique, got {names}")
+        if not self.engines:
+            raise ValueError("a stack needs at least one engine")
+        return self

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvstack.index.config import IndexConfig
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
@@ -45,6 +46,7 @@ class WorkerSide:
         rank: int,
         sync_save: bool,
         events: bool,
+        index: IndexConfig | None = None,
     ) -> None:
         self.layout = layout
         self.rank = rank
@@ -64,6 +66,13 @@ class WorkerSide:
             self.cache.add_listener(self.events.on_tier_event)
         self._staging: list[torch.Tensor] = []
         self.server = LookupServer(lookup_endpoint(engine_id, rank), self._contains_prefix)
+        self.cluster = None
+        if index is not None:
+            from kvstack.index.cluster import attach_cluster
+
+            # Announces this engine's chunks to the index service and lends its tiers to peers,
+            # when the index section enables either; otherwise a no-op.
+            self.cluster = attach_cluster(self.cache, index, instance_id=engine_id, rank=rank)
 
     def _contains_prefix(self, keys: Sequence[bytes]) -> int:
         return self.cache.contains_prefix([ChunkKey(k) for k in keys])
@@ -192,5 +201,7 @@ class WorkerSide:
                     self.stats.set_gauge(f"tier:{tier.name}:{gauge}", value)
 
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
         self.server.close()
         self.cache.close()

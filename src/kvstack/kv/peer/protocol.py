@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from kvstack.errors import TierError
+from kvstack.errors import PeerProtocolError
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 
 __all__ = [
@@ -69,8 +69,7 @@ class Answer(NamedTuple):
     num: int  # keys, or the length of a BAD REQUEST message
 
 
-class ProtocolError(TierError):
-    """Bytes that are not this protocol; the connection is closed."""
+ProtocolError = PeerProtocolError  # the name this package uses
 
 
 def pack_request(op: int, keys: list[ChunkKey]) -> bytes:

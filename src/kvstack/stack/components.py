@@ -1,0 +1,177 @@
+"""What ``kvstack up`` runs: each component as a command line, a port and a health check.
+
+Pure planning, no processes: :func:`plan_stack` turns a :class:`StackConfig` into an ordered
+list of :class:`Component` (shared stores first, then engines, then the router), with ports
+resolved and tier URLs expanded, so the supervisor only has to start and watch them.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from kvstack.stack.config import EngineSpec, StackConfig
+from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
+
+__all__ = ["Component", "plan_stack", "port_is_free"]
+
+Health = Literal["http", "redis"]
+
+
+@dataclass
+class Component:
+    name: str
+    kind: Literal["engine", "router", "index", "redis"]
+    argv: list[str]
+    host: str
+    port: int
+    health: Health = "http"
+    env: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 60.0
+    role: str = "both"
+    model: str = ""
+
+    @property
+    def url(self) -> str:
+        scheme = "redis" if self.health == "redis" else "http"
+        return f"{scheme}://{self.host}:{self.port}"
+
+    @property
+    def health_url(self) -> str:
+        return f"{self.url}/health"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+class _Ports:
+    """Fixed ports as configured; the rest picked free, never twice."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.taken: set[int] = set()
+
+    def take(self, wanted: int | None) -> int:
+        port = wanted if wanted is not None else self._free()
+        self.taken.add(port)
+        return port
+
+    def _free(self) -> int:
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((self.host, 0))
+                port = int(s.getsockname()[1])
+            if port not in self.taken:
+                return port
+
+
+def resolve_model(model: str) -> str:
+    """``toy`` / ``toy-small``: the locally built random-weight models; else as given."""
+    if model not in ("toy", "toy-small"):
+        return model
+    from kvstack.models.toy import SMALL, TINY, build_toy_model
+
+    return str(build_toy_model(spec=SMALL if model == "toy-small" else TINY))
+
+
+def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
+    ports = _Ports(config.host)
+    out: list[Component] = []
+    redis_url = ""
+    if config.redis is not None:
+        port = ports.take(config.redis.port)
+        argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
+        argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+        out.append(Component("redis", "redis", argv, config.host, port, "redis",
+                             start_timeout_s=config.redis.start_timeout_s))  # fmt: skip
+        redis_url = f"redis://{config.host}:{port}/0"
+    if config.index is not None:
+        port = ports.take(config.index.port)
+        argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host]
+        out.append(Component("index", "index", [*argv, "--port", str(port)], config.host, port,
+                             start_timeout_s=config.index.start_timeout_s))  # fmt: skip
+    expand = {"run_dir": str(run_dir.resolve()), "redis_url": redis_url}
+    for spec in config.engines:
+        model = resolve_model(spec.model) if spec.kind == "vllm" else spec.model
+        for replica in range(spec.replicas):
+            wanted = None if spec.port is None else spec.port + replica
+            name = spec.name if spec.replicas == 1 else f"{spec.name}-{replica}"
+            out.append(_engine(spec, name, model, config.host, ports.take(wanted), expand))
+    if config.router is not None:
+        out.append(_router(config, out, ports.take(config.router.port), run_dir))
+    return out
+
+
+def _engine(
+    spec: EngineSpec, name: str, model: str, host: str, port: int, expand: dict[str, str]
+) -> Component:
+    served = spec.served_model_name or (spec.model if spec.model.startswith("toy") else None)
+    tiers = [t.format(**expand) for t in spec.connector.tiers] if spec.connector else []
+    if spec.kind == "sim":
+        argv = _sim_argv(spec, served or model, host, port, tiers)
+        env = dict(spec.env)
+    else:
+        argv, env = _vllm_argv(spec, model, served, host, port, tiers)
+    return Component(name, "engine", argv, host, port, env=env,
+                     start_timeout_s=spec.start_timeout_s, role=spec.role,
+                     model=served or model)  # fmt: skip
+
+
+def _sim_argv(spec: EngineSpec, model: str, host: str, port: int, tiers: list[str]) -> list[str]:
+    argv = [sys.executable, "-m", "kvstack", "sim-engine", "--host", host, "--port", str(port)]
+    argv += ["--model", model, "--max-model-len", str(spec.max_model_len)]
+    for tier in tiers:
+        argv += ["--kv-tiers", tier]
+    if spec.connector is not None:
+        argv += ["--kv-chunk-size", str(spec.connector.chunk_size)]
+    return argv + list(spec.args)
+
+
+def _vllm_argv(
+    spec: EngineSpec, model: str, served: str | None, host: str, port: int, tiers: list[str]
+) -> tuple[list[str], dict[str, str]]:
+    connector = None
+    if spec.connector is not None:
+        c = spec.connector
+        connector = connector_config(tiers, c.role, c.chunk_size, **c.extra)
+    vspec = VLLMServerSpec(
+        model=model,
+        port=port,
+        host=host,
+        served_model_name=served,
+        max_model_len=spec.max_model_len,
+        kv_cache_space_gib=spec.kv_cache_space_gib,
+        kv_transfer_config=connector,
+        extra_args=list(spec.args),
+        env=dict(spec.env),
+    )
+    return vspec.argv(), vspec.environment({})
+
+
+def _router(config: StackConfig, parts: list[Component], port: int, run_dir: Path) -> Component:
+    assert config.router is not None
+    section = dict(config.router.config)
+    section.update(host=config.host, port=port)
+    section["backends"] = [
+        {"url": c.url, "name": c.name, "role": c.role} for c in parts if c.kind == "engine"
+    ]
+    if config.router.policy:
+        section["policy"] = config.router.policy
+    path = run_dir / "router.yaml"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"router": json.loads(json.dumps(section))}, sort_keys=False))
+    argv = [sys.executable, "-m", "kvstack", "router", "--config", str(path)]
+    return Component("router", "router", argv, config.host, port,
+                     start_timeout_s=config.router.start_timeout_s)  # fmt: skip
