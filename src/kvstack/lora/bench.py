@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--warmup-fraction", type=float, default=0.25, help="requests excluded from stats")
     add("--rollout", type=int, default=20, help="adapters that publish version 2 mid-run")
     add("--slack", type=int, default=8, help="router: max in-flight gap to the least busy")
-    add("--pin-replicas", type=int, default=2, help="engines each platinum adapter is pinned on")
+    add("--pin-replicas", type=int, default=1, help="engines each platinum adapter is pinned on")
     add("--policies", default="weighted-lru,lru", help="arms, in order")
     add("--out", type=Path, help="write the JSON report here")
     add("--workdir", type=Path, help="keep the registry, store and logs here")

@@ -79,16 +79,38 @@ async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport
             continue
         if eng.lock(name).locked():  # a load or unload of it is under way; look next time
             continue
+        if name in eng.loads:
+            continue
         ours = known is not None and known.path == path and path in eng.verified
-        if ours and eng.cache.free_hot_slots() > 0 and name not in eng.loads:
+        if ours and eng.cache.free_hot_slots() > 0:
             eng.cache.set_state(name, State.HOT)
             report.adopted_hot.append(name)
-        elif name not in eng.loads:
+        elif known is None and await _adopt_peer_load(m, eng, path):
+            report.adopted_hot.append(name)  # another router's manager loaded it, verified
+        else:
             await m.driver.unload(url, name, timeout)
             report.unloaded.append(name)
     if any((report.lost_hot, report.adopted_hot, report.unloaded, report.lost_warm)):
         log.info("reconciled %s: %s", url, report)
     return report
+
+
+async def _adopt_peer_load(m: AdapterCacheManager, eng: EngineState, path: str) -> bool:
+    """Several routers may share engines and their warm directory: an adapter another manager
+    loaded from that directory is adopted once it re-verifies here, never unloaded blindly."""
+    if Path(path).parent != Path(eng.engine_dir):
+        return False
+    local = eng.warm_dir / Path(path).name
+    adapter = _marked_adapter(m, local)
+    if adapter is None:
+        return False
+    try:
+        await asyncio.to_thread(m.loader.verifier.verify_for_engine, local, adapter, eng.spec)
+    except VerificationError:
+        return False
+    eng.cache.adopt(adapter, path, State.HOT)
+    eng.verified.add(path)
+    return True
 
 
 async def adopt_warm_dir(m: AdapterCacheManager, eng: EngineState) -> list[str]:
