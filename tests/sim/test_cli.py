@@ -6,7 +6,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 
@@ -100,11 +99,14 @@ def test_vllm_spelled_flags(tmp_path: object) -> None:
         assert httpx.get(url + "/v1/models").json()["data"][0]["id"] == "m2"
         sub.connect(f"tcp://127.0.0.1:{events}")
         sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-        time.sleep(0.3)
-        httpx.post(url + "/v1/completions", json={"prompt": list(range(100, 140)), "max_tokens": 1})
-        assert sub.poll(3000)
-        topic, seq, payload = sub.recv_multipart()
-        assert topic == b"kv" and int.from_bytes(seq, "big") == 0
+        # A subscription takes a moment to reach the publisher; retry with new prompts.
+        for attempt in range(10):
+            prompt = list(range(1000 * attempt + 100, 1000 * attempt + 140))
+            httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+            if sub.poll(1000):
+                break
+        topic, _, payload = sub.recv_multipart()
+        assert topic == b"kv"
         assert msgspec.msgpack.decode(payload)[1][0]["type"] == "BlockStored"
     finally:
         sub.close(0)

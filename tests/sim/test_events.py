@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import msgspec
 import zmq
@@ -30,6 +28,22 @@ def prompt(base: int, n: int) -> list[int]:
     return [base + i for i in range(n)]
 
 
+def subscribe(url: str, endpoint: str, topic: bytes) -> tuple[zmq.Socket[bytes], int]:
+    """A SUB socket known to receive: a subscription takes a moment to reach the publisher,
+    so send small probe requests until one's events arrive. Returns the socket and the next
+    sequence number to expect."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, topic)
+    for attempt in range(50):
+        probe = prompt(30000 + 20 * attempt, 17)  # one full block of 16
+        httpx.post(url + "/v1/completions", json={"prompt": probe, "max_tokens": 1})
+        if sub.poll(200):
+            seen = receive(sub)
+            return sub, seen[-1][1] + 1
+    raise AssertionError("no KV event reached the subscriber")
+
+
 def test_stored_removed_cleared_and_replay(sim_fleet: FleetFactory) -> None:
     pub, replay = free_port(), free_port()
     fleet = sim_fleet(
@@ -39,18 +53,15 @@ def test_stored_removed_cleared_and_replay(sim_fleet: FleetFactory) -> None:
     )  # fmt: skip
     url = fleet.urls[0]
     ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.connect(f"tcp://127.0.0.1:{pub}")
-    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
-    time.sleep(0.3)  # let the subscription reach the publisher (PUB drops until then)
+    sub, next_seq = subscribe(url, f"tcp://127.0.0.1:{pub}", b"kv")
     first = prompt(100, 70)  # 4 full blocks
     httpx.post(url + "/v1/completions", json={"prompt": first, "max_tokens": 1})
     httpx.post(url + "/v1/completions", json={"prompt": prompt(5000, 70), "max_tokens": 1})
     got = receive(sub)
-    assert [seq for _, seq, _ in got] == list(range(len(got)))
+    assert [seq for _, seq, _ in got] == list(range(next_seq, next_seq + len(got)))
     assert {topic for topic, _, _ in got} == {b"kv"}
     events = [e for _, _, batch in got for e in batch.events]
-    stored = [e for e in events if isinstance(e, BlockStored)]
+    stored = [e for e in events if isinstance(e, BlockStored) and e.token_ids[0] == first[0]]
     removed = [e for e in events if isinstance(e, BlockRemoved)]
     expected = [
         external_hash(h) for h in chain_block_hashes(first, 16, none_hash("vllm-none-hash"))
@@ -67,6 +78,7 @@ def test_stored_removed_cleared_and_replay(sim_fleet: FleetFactory) -> None:
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(f"tcp://127.0.0.1:{replay}")
     dealer.send_multipart((b"", (1).to_bytes(8, "big")))
+    last_seq = (cleared or got)[-1][1]
     replayed = []
     while True:
         assert dealer.poll(2000)
@@ -76,7 +88,7 @@ def test_stored_removed_cleared_and_replay(sim_fleet: FleetFactory) -> None:
             break
         replayed.append(int.from_bytes(seq, "big"))
         DECODER.decode(payload)
-    assert replayed == list(range(1, len(got) + len(cleared)))
+    assert replayed == list(range(1, last_seq + 1))
     sub.close(0)
     dealer.close(0)
 
@@ -87,10 +99,7 @@ def test_lora_blocks_carry_the_adapter(sim_fleet: FleetFactory, tmp_path: object
         time_scale=50, block_size=16, enable_lora=True, kv_events_endpoint=f"tcp://*:{pub}"
     )
     url = fleet.urls[0]
-    sub = zmq.Context.instance().socket(zmq.SUB)
-    sub.connect(f"tcp://127.0.0.1:{pub}")
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    time.sleep(0.3)
+    sub, _ = subscribe(url, f"tcp://127.0.0.1:{pub}", b"")
     path = str(tmp_path)
     httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": path})
     tokens = prompt(300, 40)
