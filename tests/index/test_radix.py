@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstack.index.radix import Namespace, Owner, OwnerPolicy, RadixIndex
+from kvstack.index.radix import Namespace, Owner, OwnerPolicy, Position, RadixIndex
 
 NS = Namespace("m")
 A, B = Owner("a"), Owner("b")
@@ -140,3 +140,17 @@ def test_bad_arguments_name_the_problem() -> None:
         OwnerPolicy(capacity_tokens=-1)
     with pytest.raises(ValueError, match="ttl_s"):
         OwnerPolicy(ttl_s=0)
+
+
+def test_positions_follow_splits_and_die_with_their_node() -> None:
+    t, _ = tree()
+    first = t.insert(NS, [1, 2, 3, 4], A)  # block 0: [1,2], block 1: [3,4]
+    assert first.end is not None and first.depth == 4
+    t.insert(NS, [1, 2, 9, 9], B)  # splits [1,2,3,4]: the anchor node keeps [3,4]
+    more = t.insert_at(Position(first.end, 4), [5, 6], A)  # a child block of [3,4]
+    assert more is not None and t.match(NS, [1, 2, 3, 4, 5, 6]).tokens(A) == 6
+    assert t.remove_at(Position(first.end, 2), A) == 4  # lost [3,4] and [5,6]
+    assert t.match(NS, [1, 2, 3, 4, 5, 6]).tokens(A) == 2
+    assert t.insert_at(Position(first.end, 4), [5, 6], A) is None  # its node was deleted
+    assert t.remove_at(Position(first.end, 2), A) is None
+    t.check_integrity()

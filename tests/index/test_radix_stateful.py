@@ -12,7 +12,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from kvstack.index.radix import Namespace, Owner, OwnerPolicy, RadixIndex
+from kvstack.index.radix import InsertResult, Namespace, Owner, OwnerPolicy, Position, RadixIndex
 
 PAGE = 2
 NAMESPACES = [Namespace("m"), Namespace("m", adapter="x")]
@@ -45,6 +45,8 @@ class ExactRadix(RuleBasedStateMachine):
         self.tree = RadixIndex(page_size=PAGE, default_policy=policy, clock=self.clock)
         self.model: dict[Owner, set[Prefix]] = {o: set() for o in OWNERS}
         self.locks: list[tuple[object, Owner]] = []
+        # Positions handed out by inserts: (anchor result, namespace, the path's tokens).
+        self.anchors: list[tuple[InsertResult, Namespace, list[int]]] = []
 
     def model_match(self, ns: Namespace, tokens: list[int], owner: Owner) -> int:
         best = 0
@@ -58,10 +60,55 @@ class ExactRadix(RuleBasedStateMachine):
     def insert(self, ns: Namespace, tokens: list[int], owner: Owner, lock: bool) -> None:
         self.clock.now += 1
         result = self.tree.insert(ns, tokens, owner, lock=lock)
-        for end in range(PAGE, len(tokens) - len(tokens) % PAGE + 1, PAGE):
-            self.model[owner].add((ns, tuple(tokens[:end])))
+        self.model_insert(ns, tokens, owner)
         if result.lock is not None:
             self.locks.append((result.lock, owner))
+        if result.end is not None:
+            self.anchors.append((result, ns, tokens[: result.depth]))
+
+    def model_insert(self, ns: Namespace, tokens: list[int], owner: Owner) -> None:
+        for end in range(PAGE, len(tokens) - len(tokens) % PAGE + 1, PAGE):
+            self.model[owner].add((ns, tuple(tokens[:end])))
+
+    def model_remove(self, ns: Namespace, tokens: list[int], owner: Owner, start: int) -> None:
+        start -= start % PAGE
+        cut = (ns, tuple(tokens[: start + PAGE]))
+        if len(cut[1]) == start + PAGE and cut in self.model[owner]:
+            self.model[owner] = {
+                (n, p)
+                for n, p in self.model[owner]
+                if not (n == ns and len(p) > start and p[: start + PAGE] == cut[1])
+            }
+
+    @rule(data=st.data(), tokens=prompts, owner=owners)
+    def insert_at(self, data: st.DataObject, tokens: list[int], owner: Owner) -> None:
+        """Like a KV event naming a parent block: continue a known path from a position."""
+        if not self.anchors:
+            return
+        anchor, ns, path = data.draw(st.sampled_from(self.anchors))
+        depth = data.draw(st.integers(0, len(path) // PAGE)) * PAGE
+        self.clock.now += 1
+        full = path[:depth] + tokens
+        assert anchor.end is not None
+        result = self.tree.insert_at(Position(anchor.end, depth), tokens, owner)
+        if result is None:  # the anchor's node is gone: the caller re-inserts by tokens
+            result = self.tree.insert(ns, full, owner)
+        self.model_insert(ns, full, owner)
+        if result.end is not None:
+            self.anchors.append((result, ns, full[: result.depth]))
+
+    @rule(data=st.data(), owner=owners)
+    def remove_at(self, data: st.DataObject, owner: Owner) -> None:
+        if not self.anchors:
+            return
+        anchor, ns, path = data.draw(st.sampled_from(self.anchors))
+        if not path:
+            return
+        start = data.draw(st.integers(0, len(path) // PAGE - 1)) * PAGE
+        assert anchor.end is not None
+        if self.tree.remove_at(Position(anchor.end, start), owner) is None:
+            self.tree.remove(ns, path, owner, start)
+        self.model_remove(ns, path, owner, start)
 
     @rule(data=st.data())
     def unlock(self, data: st.DataObject) -> None:
@@ -72,14 +119,7 @@ class ExactRadix(RuleBasedStateMachine):
     @rule(ns=namespaces, tokens=prompts, owner=owners, start=st.integers(0, 10))
     def remove(self, ns: Namespace, tokens: list[int], owner: Owner, start: int) -> None:
         self.tree.remove(ns, tokens, owner, start)
-        start -= start % PAGE
-        cut = (ns, tuple(tokens[: start + PAGE]))
-        if len(cut[1]) == start + PAGE and cut in self.model[owner]:
-            self.model[owner] = {
-                (n, p)
-                for n, p in self.model[owner]
-                if not (n == ns and len(p) > start and p[: start + PAGE] == cut[1])
-            }
+        self.model_remove(ns, tokens, owner, start)
 
     @rule(owner=owners)
     def drop_owner(self, owner: Owner) -> None:

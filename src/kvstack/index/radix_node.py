@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["Namespace", "Node", "Owner", "OwnerPolicy", "OwnerState", "PageKey"]
+__all__ = ["HeapEntry", "Namespace", "Node", "Owner", "OwnerPolicy", "OwnerState", "PageKey"]
 
 PageKey = tuple[int, ...]
 _seq = itertools.count()
