@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from kvstack.kv.keys import ChunkKey
@@ -39,9 +38,10 @@ def expected(i: int) -> torch.Tensor:
     return ((torch.arange(NUM_BYTES, dtype=torch.int64) * (i + 1)) % 251).to(torch.uint8)
 
 
-@pytest.mark.parametrize("fsync", [False, True])
-def test_kill_9_during_writes_then_restart(tmp_path: Path, fsync: bool) -> None:
-    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), "1" if fsync else "0"])
+def test_kill_9_during_writes_then_restart(tmp_path: Path) -> None:
+    # fsync off, the default: a killed process loses nothing the page cache holds, so fsync
+    # would only matter for power loss, which a test cannot stage.
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path), "0"])
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("??/*.kvc"))) < 24 and time.monotonic() < deadline:
