@@ -69,7 +69,7 @@ def run(argv: list[str]) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     chunks = {MAIN_SHAPE.name: 3 if args.quick else 8, SMALL_SHAPE.name: 8 if args.quick else 32}
-    rounds = args.rounds or (2 if args.quick else 5)
+    rounds = args.rounds or (2 if args.quick else 6)  # even: both orders equally often
     root = Path(tempfile.mkdtemp(prefix="kvstack-bench-kv-", dir=args.dir))
     err = Console(stderr=True)
     try:
