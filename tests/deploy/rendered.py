@@ -1,0 +1,68 @@
+"""Values sets the deploy tests render, a per-session render cache, and manifest helpers."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from kvstack.deploy.chart import CHART_DIR, Manifest, load_values, render_chart
+
+REPO = CHART_DIR.parents[2]
+EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
+NAMESPACE = "llm"
+RELEASE = "kv"
+
+# Everything optional switched on over the defaults: monitors, engine autoscaling, adapters.
+ALL_FEATURES: dict[str, Any] = {
+    "metrics": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}},
+    "engine": {
+        "autoscaling": {"enabled": True},
+        "lora": {"enabled": True},
+        "apiKeySecret": {"name": "vllm-key"},
+        "hfTokenSecret": {"name": "hf"},
+        "weights": {"enabled": True},
+    },
+    "kv": {"disk": {"size": "100GiB"}, "s3": {"enabled": True, "bucket": "b",
+                                                "existingSecret": "s3"}},
+    "redis": {"passwordSecret": {"name": "redis-auth"}},
+    "router": {"apiKeysSecret": {"name": "keys"}},
+    "adapters": {"enabled": True, "registry": {"type": "postgresql", "urlSecret": {"name": "pg"}},
+                 "adminKeySecret": {"name": "admin"}, "sharedVolume": {"enabled": True}},
+}  # fmt: skip
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "all-features": ALL_FEATURES,
+    **{f"example:{p.stem}": load_values([p]) for p in EXAMPLES},
+}
+
+
+@functools.cache
+def rendered(name: str) -> tuple[Manifest, ...]:
+    return tuple(render_chart(VALUE_SETS[name], release=RELEASE, namespace=NAMESPACE))
+
+
+def render(values: dict[str, Any]) -> list[Manifest]:
+    return render_chart(values, release=RELEASE, namespace=NAMESPACE)
+
+
+def of_kind(manifests: tuple[Manifest, ...] | list[Manifest], kind: str) -> list[dict[str, Any]]:
+    return [m.doc for m in manifests if m.kind == kind]
+
+
+def engine_deployments(manifests: tuple[Manifest, ...] | list[Manifest]) -> list[dict[str, Any]]:
+    return [
+        d for d in of_kind(manifests, "Deployment")
+        if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+        == "engine"
+    ]  # fmt: skip
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = deployment["spec"]["template"]["spec"]["containers"]
+    return containers[0]
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value after ``name`` in an argument list, or None."""
+    return args[args.index(name) + 1] if name in args else None

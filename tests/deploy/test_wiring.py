@@ -1,0 +1,211 @@
+"""Golden checks on how the parts find each other: the router's config and discovery, RBAC,
+autoscaling, network policies, secrets, and the template checks that refuse unsafe values."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from kvstack.config import load_config
+from kvstack.deploy.chart import ChartError, Manifest
+from kvstack.deploy.metric_names import parse_metric_list
+from kvstack.deploy.promql import metric_names_in
+from tests.deploy.rendered import (
+    NAMESPACE,
+    container,
+    engine_deployments,
+    flag,
+    of_kind,
+    render,
+    rendered,
+)
+from tests.deploy.test_metrics import VLLM_LIST
+
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ADMIN_KEY|REGISTRY_URL|ACCESS_KEY")
+
+
+def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    return dict(workload["spec"]["template"]["metadata"]["labels"])
+
+
+def workloads(manifests: tuple[Manifest, ...]) -> list[dict[str, Any]]:
+    return of_kind(manifests, "Deployment") + of_kind(manifests, "StatefulSet")
+
+
+def selects(selector: str, labels: dict[str, str]) -> bool:
+    """Equality-based label selectors (what the chart renders)."""
+    pairs = [term.split("=", 1) for term in selector.split(",")]
+    return all(labels.get(key) == value for key, value in pairs)
+
+
+def router_config(manifests: tuple[Manifest, ...]) -> Any:
+    maps = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c.get("data", {})]
+    assert len(maps) == 1
+    data = yaml.safe_load(maps[0]["data"]["config.yaml"])
+    return load_config(data=data, env={})  # kvstack's own validation: unknown keys are errors
+
+
+def test_router_config_validates_and_discovers_this_releases_engines(
+    manifests: tuple[Manifest, ...],
+) -> None:
+    kube = router_config(manifests).router.discovery
+    assert kube.kind == "kubernetes"
+    assert kube.kubernetes.namespace == NAMESPACE
+    for w in workloads(manifests):
+        is_engine = w in engine_deployments(manifests)
+        assert selects(kube.kubernetes.label_selector, pod_labels(w)) == is_engine
+    for d in engine_deployments(manifests):
+        c = container(d)
+        http = {"name": "http", "containerPort": kube.kubernetes.port, "protocol": "TCP"}
+        assert http in c["ports"]
+        assert int(flag(c["args"], "--port") or 0) == kube.kubernetes.port
+        assert kube.kubernetes.role_label in pod_labels(d)
+
+
+def test_router_reads_its_config_and_may_list_pods_in_its_namespace_only(
+    manifests: tuple[Manifest, ...],
+) -> None:
+    assert not of_kind(manifests, "ClusterRole") and not of_kind(manifests, "ClusterRoleBinding")
+    (router,) = [
+        w for w in workloads(manifests) if pod_labels(w)["app.kubernetes.io/component"] == "router"
+    ]
+    spec = router["spec"]["template"]["spec"]
+    (role,) = of_kind(manifests, "Role")
+    (binding,) = of_kind(manifests, "RoleBinding")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": spec["serviceAccountName"], "namespace": NAMESPACE}
+    ]
+    args = container(router)["args"]
+    assert args[0] == "router" and flag(args, "--config") == "/etc/kvstack/config.yaml"
+
+
+def test_engines_do_not_mount_kubernetes_credentials(manifests: tuple[Manifest, ...]) -> None:
+    for d in engine_deployments(manifests):
+        assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_services_select_their_pods(manifests: tuple[Manifest, ...]) -> None:
+    for service in of_kind(manifests, "Service"):
+        selector = ",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items())
+        matched = [w for w in workloads(manifests) if selects(selector, pod_labels(w))]
+        assert len(matched) == 1, service["metadata"]["name"]
+        ports = {p["name"] for p in container(matched[0])["ports"]}
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= ports
+
+
+# -- autoscaling -----------------------------------------------------------------------------------
+def test_keda_scales_engines_on_a_queue_metric_vllm_exports(
+    manifests: tuple[Manifest, ...],
+) -> None:
+    vllm = parse_metric_list(VLLM_LIST.read_text())
+    engines = {d["metadata"]["name"]: d for d in engine_deployments(manifests)}
+    for scaled in of_kind(manifests, "ScaledObject"):
+        target = engines[scaled["spec"]["scaleTargetRef"]["name"]]
+        assert "replicas" not in target["spec"], "KEDA owns the replica count"
+        (trigger,) = scaled["spec"]["triggers"]
+        query = trigger["metadata"]["query"]
+        assert metric_names_in(query) == {"vllm:num_requests_waiting"} <= set(vllm)
+        engine_label = pod_labels(target)["kvstack.io/engine"]
+        assert f'kvstack_io_engine="{engine_label}"' in query
+        assert f'namespace="{NAMESPACE}"' in query
+
+
+def test_pod_monitor_exports_the_labels_dashboards_filter_on(
+    manifests: tuple[Manifest, ...],
+) -> None:
+    for monitor in of_kind(manifests, "PodMonitor"):
+        assert set(monitor["spec"]["podTargetLabels"]) >= {"kvstack.io/engine", "kvstack.io/role"}
+        for d in engine_deployments(manifests):
+            assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels(d).items()
+
+
+def test_router_hpa_targets_the_router(manifests: tuple[Manifest, ...]) -> None:
+    for hpa in of_kind(manifests, "HorizontalPodAutoscaler"):
+        target = hpa["spec"]["scaleTargetRef"]
+        assert target["name"].endswith("-router") and target["kind"] == "Deployment"
+        assert hpa["spec"]["minReplicas"] >= 2 or not of_kind(manifests, "PodDisruptionBudget")
+
+
+# -- network policies ------------------------------------------------------------------------------
+def test_only_router_and_prometheus_reach_the_engines_http_port(
+    manifests: tuple[Manifest, ...],
+) -> None:
+    policies = [
+        p for p in of_kind(manifests, "NetworkPolicy") if p["metadata"]["name"].endswith("-engine")
+    ]
+    if not engine_deployments(manifests):
+        return
+    (policy,) = policies
+    router_labels = {"app.kubernetes.io/component": "router"}
+    for rule in policy["spec"]["ingress"]:
+        assert rule.get("from"), "a rule without `from` admits everyone"
+        if {"port": "http", "protocol": "TCP"} not in rule["ports"]:
+            continue
+        for peer in rule["from"]:
+            pods = peer.get("podSelector", {}).get("matchLabels", {})
+            assert router_labels.items() <= pods.items() or (
+                "namespaceSelector" in peer and "podSelector" not in peer
+            )
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+def test_secrets_only_come_from_secret_refs(manifests: tuple[Manifest, ...]) -> None:
+    assert not of_kind(manifests, "Secret")
+    for w in workloads(manifests):
+        for var in container(w).get("env", []):
+            if SECRET_NAME.search(var["name"]):
+                assert "secretKeyRef" in var.get("valueFrom", {}), var["name"]
+    for config_map in of_kind(manifests, "ConfigMap"):
+        text = yaml.safe_dump(config_map.get("data", {}))
+        assert not re.search(r"(api_keys|admin_key|upstream_api_key|password)\s*:", text)
+
+
+def test_secrets_reach_the_processes_that_need_them() -> None:
+    manifests = rendered("all-features")
+    env = {v["name"] for w in workloads(manifests) for v in container(w).get("env", [])}
+    assert {"KVSTACK_ROUTER_AUTH__UPSTREAM_API_KEY", "VLLM_API_KEY", "HF_TOKEN",
+            "KVSTACK_REDIS_PASSWORD", "REDIS_PASSWORD", "KVSTACK_LORA_REGISTRY_URL",
+            "KVSTACK_LORA_ADMIN_KEY", "AWS_SECRET_ACCESS_KEY"} <= env  # fmt: skip
+    config = router_config(manifests)
+    assert config.router.auth.api_keys_file and not config.router.auth.api_keys
+
+
+# -- template checks refuse unsafe or inconsistent values ----------------------------------------
+SQLITE = {"adapters": {"enabled": True, "registry": {"type": "sqlite"}}}
+POSTGRES = {"enabled": True, "registry": {"type": "postgresql", "urlSecret": {"name": "pg"}}}
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        (SQLITE, "sqlite allows one router replica"),
+        ({**SQLITE, "router": {"replicas": 3, "autoscaling": {"enabled": False}}}, "up to 3"),
+        ({"adapters": {"enabled": True, "registry": {"type": "postgresql"}}}, "urlSecret"),
+        ({"redis": {"mode": "external"}}, "needs redis.url"),
+        ({"kv": {"chunkSize": 100}, "engine": {"blockSize": 16}}, "not a multiple"),
+        ({"models": [{"name": "a", "model": "m"}, {"name": "a", "model": "n"}]}, "used twice"),
+        ({"router": {"extraConfig": {"auth": {"api_keys": []}}}}, "API keys are secrets"),
+        ({"adapters": {**POSTGRES, "extraConfig": {"admin_key": "x"}}}, "holds a secret"),
+        ({"index": {"enabled": False}}, "kv.peer.enabled needs index.enabled"),
+        ({"kv": {"s3": {"enabled": True}}}, "needs kv.s3.bucket"),
+    ],
+)
+def test_template_checks_refuse(values: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(ChartError, match=re.escape(complaint)):
+        render(values)
+
+
+def test_a_single_router_with_sqlite_is_accepted() -> None:
+    values = {**SQLITE, "router": {"replicas": 1, "autoscaling": {"enabled": False}}}
+    manifests = tuple(render(values))
+    assert not of_kind(manifests, "PodDisruptionBudget"), "minAvailable 1 of 1 blocks drains"
+    (router,) = [w for w in workloads(manifests) if w["metadata"]["name"].endswith("-router")]
+    assert router["spec"]["strategy"] == {"type": "Recreate"}
+    assert router_config(manifests).lora.registry_url.startswith("sqlite:////var/lib/kvstack/")
