@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from kvstack.router.config_scheduling import PDConfig, PrefixConfig
 from kvstack.section import Section, parse_size
 
 __all__ = [
@@ -43,7 +44,7 @@ __all__ = [
     "TimeoutsConfig",
 ]
 
-POLICIES = ("round_robin", "least_load", "session", "random")
+POLICIES = ("ttft", "prefix", "round_robin", "least_load", "session", "random")
 
 
 def check_backend_url(url: str) -> str:
@@ -243,7 +244,11 @@ class RouterConfig(Section):
     discovery: DiscoveryConfig = Field(
         default_factory=DiscoveryConfig, description="where backends come from"
     )
-    policy: str = Field(default="least_load", description=f"preset pipeline: {', '.join(POLICIES)}")
+    policy: str = Field(
+        default="ttft",
+        description=f"preset pipeline: {', '.join(POLICIES)} (ttft: the predicted-TTFT cost "
+        "model; prefix: llm-d-style prefix + load scores)",
+    )
     pipeline: PipelineConfig | None = Field(
         default=None, description="explicit pipeline; overrides policy"
     )
@@ -251,6 +256,10 @@ class RouterConfig(Section):
         default_factory=lambda: PluginSpec(name="immediate"),
         description="admission plugin run before a backend is chosen (priorities, shedding)",
     )
+    prefix: PrefixConfig = Field(
+        default_factory=PrefixConfig, description="prompt tokens, prefix index, KV events, tiers"
+    )
+    pd: PDConfig = Field(default_factory=PDConfig, description="prefill/decode disaggregation")
     models: list[ModelRoute] = Field(default_factory=list, description="weighted model routes")
     model_aliases: dict[str, str] = Field(
         default_factory=dict, description="alias -> model or route name"

@@ -97,7 +97,8 @@ class Pipeline:
         ranked = sorted((Candidate(b, totals[b.id]) for b in backends), key=lambda c: -c.score)
         chosen = self.picker.pick(request, ranked)
         reason, tie_note = self._reason(chosen, ranked, results)
-        notes = tuple(f"{w.scorer.name}={r.note}" for w, r in results if r.note)
+        notes = tuple(_note(w.scorer.name, r, chosen.backend.id) for w, r in results)
+        notes = tuple(n for n in notes if n)
         if tie_note:
             notes += (tie_note,)
         return Decision(chosen.backend, reason, chosen.score, len(backends), notes)
@@ -127,6 +128,12 @@ class Pipeline:
         return best_name, tie_note
 
 
+def _note(name: str, result: ScoreResult, chosen: str) -> str:
+    detail = result.details.get(chosen) if result.details else None
+    text = detail or result.note
+    return f"{name}={text}" if text else ""
+
+
 def eligible_backends(
     states: Sequence[BackendState], target: str, exclude: Collection[str] = ()
 ) -> list[BackendView]:
@@ -154,7 +161,17 @@ def eligible_backends(
 def preset(policy: str) -> PipelineConfig:
     """The pipeline behind each ``policy`` name."""
     load = PluginSpec(name="least_load")
+    lora = PluginSpec(name="lora_affinity", weight=0.25)
     presets = {
+        # The predicted-TTFT cost model; LoRA affinity breaks near-ties towards active adapters.
+        "ttft": PipelineConfig(scorers=[PluginSpec(name="ttft"), lora]),
+        # llm-d's default weighting: prefix 3, load 2.
+        "prefix": PipelineConfig(
+            scorers=[
+                PluginSpec(name="prefix", weight=3.0),
+                PluginSpec(name="least_load", weight=2.0),
+            ]
+        ),
         "round_robin": PipelineConfig(),
         "random": PipelineConfig(picker=PluginSpec(name="random")),
         "least_load": PipelineConfig(scorers=[load]),

@@ -21,7 +21,7 @@ from kvstack.router.admission import Admission, ImmediateAdmission
 from kvstack.router.backends import BackendPool, BackendState
 from kvstack.router.config import RouterConfig
 from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
-from kvstack.router.plugins.base import PluginContext, RequestObserver
+from kvstack.router.plugins.base import PluginContext, RequestObserver, RequestPreparer
 from kvstack.router.relay import Exchange, Relay
 from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
 from kvstack.router.responses import HOP_BY_HOP, Send
@@ -47,6 +47,7 @@ class Proxy:
         observers: Sequence[RequestObserver] = (),
         rng: random.Random | None = None,
         admission: Admission | None = None,
+        preparers: Sequence[RequestPreparer] = (),
     ) -> None:
         self.config = config
         self.pool = pool
@@ -54,6 +55,7 @@ class Proxy:
         self.telemetry = telemetry
         self.observers = list(observers)
         self.admission = admission or ImmediateAdmission(PluginContext())
+        self.preparers = list(preparers)
         self._rng = rng or random.Random()
         retry_statuses = frozenset(config.retry.on_status)
         self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
@@ -69,6 +71,8 @@ class Proxy:
         permit = await self.admission.admit(request)
         total = Deadline(self.config.timeouts.total_s, "total")
         try:
+            for preparer in self.preparers:  # late: tokens and lookups for the dispatch now
+                await preparer.prepare(request)
             await self._forward(request, body, send, exchange, total)
         finally:
             total.cancel()
@@ -126,7 +130,7 @@ class Proxy:
         total: Deadline,
     ) -> None:
         state = cast(BackendState, decision.backend)
-        lease = state.load.acquire(request.estimated_prompt_tokens)
+        lease = state.load.acquire(prefill_tokens(request, state.id))
         exchange.backend = state.id
         exchange.extra_headers = self._decision_headers(request, decision, exchange.attempts)
         for observer in self.observers:
@@ -188,6 +192,15 @@ class Proxy:
         retry = self.config.retry
         delay = min(retry.backoff_max_s, retry.backoff_base_s * 2.0 ** (attempt - 1))
         return delay * (0.5 + 0.5 * self._rng.random())  # jitter: retries do not move in lockstep
+
+
+def prefill_tokens(request: RoutingRequest, backend_id: str) -> int:
+    """The prompt tokens the backend must compute: the cost model's uncached estimate for it
+    when one ran, else the whole prompt."""
+    uncached = request.scratch.get("uncached_tokens")
+    if uncached is not None and backend_id in uncached:
+        return int(uncached[backend_id])
+    return request.estimated_prompt_tokens
 
 
 def observers_of(plugins: Sequence[object]) -> list[RequestObserver]:

@@ -52,9 +52,12 @@ class RoutingRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: Mapping[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # time.perf_counter() at arrival
+    # Per-request memo shared by plugins (the rendered prompt, prefix matches, predictions),
+    # so work is done once per request however many plugins need it.
+    scratch: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def with_target(self, target: str) -> RoutingRequest:
-        return dataclasses.replace(self, target=target)
+        return dataclasses.replace(self, target=target, scratch={})
 
     @property
     def text(self) -> str:
@@ -63,7 +66,11 @@ class RoutingRequest:
 
     @property
     def estimated_prompt_tokens(self) -> int:
-        """Token ids when sent, else ~4 characters per token; part 2 plugs in a tokenizer."""
+        """The rendered prompt's length once tokenized (``scratch["prompt"]``), token ids when
+        sent, else ~4 characters per token."""
+        rendered = self.scratch.get("prompt")
+        if rendered is not None:
+            return len(rendered.tokens)
         if self.token_ids is not None:
             return len(self.token_ids)
         return len(self.text) // 4 + 1

@@ -21,7 +21,7 @@ from kvstack.router.discovery import Discovery, make_discovery
 from kvstack.router.health import HealthChecker
 from kvstack.router.model_routes import ModelRouter
 from kvstack.router.pipeline import Pipeline, build_plugin, preset
-from kvstack.router.plugins.base import Plugin, PluginContext
+from kvstack.router.plugins.base import Plugin, PluginContext, RequestPreparer
 from kvstack.router.proxy import Proxy, observers_of
 from kvstack.router.scraper import MetricsScraper
 from kvstack.router.telemetry import Telemetry
@@ -43,11 +43,13 @@ class Router:
         self.upstreams = UpstreamPool(config.timeouts.connect_s)  # the proxied requests
         self.auth = ApiKeys(config.auth)
         self.telemetry = Telemetry()
-        self.context = PluginContext(rng=rng)
+        self.context = PluginContext(rng=rng, config=config, pool=self.pool)
         self.pipeline = Pipeline.from_config(config.pipeline or preset(config.policy), self.context)
         self.admission = build_plugin(
             ADMISSIONS.get(config.admission.name), config.admission, self.context
         )
+        # Services the plugins created (prefix state, cost model): shared, started first.
+        self.services: list[Any] = list(self.context.services.values())
         self.models = ModelRouter(config.models, config.model_aliases, rng)
         self.health = HealthChecker(
             self.pool, self.client, config.health, on_round=self.auth.reload_if_changed
@@ -59,9 +61,10 @@ class Router:
             self.pipeline,
             self.upstreams,
             self.telemetry,
-            observers_of(self.plugins()),
+            observers_of([*self.services, *self.plugins()]),
             rng,
             self.admission,
+            [s for s in self.services if isinstance(s, RequestPreparer)],
         )
         self._started = False
 
@@ -70,6 +73,9 @@ class Router:
         await self.discovery.start(self._publish)
         await self.health.start()
         await self.scraper.start()
+        for service in self.services:
+            if hasattr(service, "start"):
+                await service.start()
         for plugin in self.plugins():
             await plugin.start()
         self._started = True
@@ -83,6 +89,9 @@ class Router:
     async def close(self) -> None:
         for plugin in reversed(self.plugins()):
             await plugin.close()
+        for service in reversed(self.services):
+            if hasattr(service, "close"):
+                await service.close()
         await self.scraper.close()
         await self.health.close()
         await self.discovery.close()

@@ -14,6 +14,7 @@ from kvstack.router.plugins.base import (
     Plugin,
     PluginContext,
     RequestObserver,
+    RequestPreparer,
     Scorer,
     ScoreResult,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "Plugin",
     "PluginContext",
     "RequestObserver",
+    "RequestPreparer",
     "ScoreResult",
     "Scorer",
 ]
@@ -40,6 +42,10 @@ FILTERS.register("not_saturated", "kvstack.router.plugins.filters:NotSaturatedFi
 FILTERS.register("labels", "kvstack.router.plugins.filters:LabelFilter")
 SCORERS.register("least_load", "kvstack.router.plugins.load:LeastLoadScorer")
 SCORERS.register("session_affinity", "kvstack.router.plugins.session:SessionAffinityScorer")
+SCORERS.register("prefix", "kvstack.router.plugins.prefix:PrefixScorer")
+SCORERS.register("ttft", "kvstack.router.plugins.cost:TTFTScorer")
+SCORERS.register("lora_affinity", "kvstack.router.plugins.lora:LoRAAffinityScorer")
 PICKERS.register("max_score", "kvstack.router.plugins.pickers:MaxScorePicker")
 PICKERS.register("random", "kvstack.router.plugins.pickers:RandomPicker")
 PICKERS.register("weighted_random", "kvstack.router.plugins.pickers:WeightedRandomPicker")
+PICKERS.register("softmax", "kvstack.router.plugins.pickers:SoftmaxPicker")

@@ -20,10 +20,14 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
 from kvstack.router.backends import BackendView
 from kvstack.router.request import RoutingRequest
+
+if TYPE_CHECKING:
+    from kvstack.router.backends import BackendPool
+    from kvstack.router.config import RouterConfig
 
 __all__ = [
     "Candidate",
@@ -32,6 +36,7 @@ __all__ = [
     "Plugin",
     "PluginContext",
     "RequestObserver",
+    "RequestPreparer",
     "ScoreResult",
     "Scorer",
 ]
@@ -39,11 +44,14 @@ __all__ = [
 
 @dataclass
 class PluginContext:
-    """What every plugin may use: a seeded RNG and named shared services (tokenizers, an index)
-    that plugins register and look up so that several of them can share one instance."""
+    """What every plugin may use: a seeded RNG, named shared services (the prefix state, the
+    cost model) that plugins create on first use and share (see :mod:`kvstack.router.services`;
+    the router starts and closes them), and, in a router, its config and backend pool."""
 
     rng: random.Random = field(default_factory=random.Random)
     services: dict[str, Any] = field(default_factory=dict)
+    config: RouterConfig | None = None
+    pool: BackendPool | None = None
 
 
 class Plugin:
@@ -69,7 +77,8 @@ class Filter(Plugin):
 
 class ScoreResult(NamedTuple):
     scores: Mapping[str, float]  # backend id -> [0, 1]; a missing id scores 0
-    note: str = ""  # why, for the decision header ("pinned", "yield:saturated", a prediction)
+    note: str = ""  # why, for the decision header ("pinned", "yield:saturated")
+    details: Mapping[str, str] = {}  # backend id -> why (a prediction): the chosen one's is shown
 
 
 class Scorer(Plugin):
@@ -103,3 +112,12 @@ class RequestObserver(Protocol):
     ) -> None: ...
 
     def on_finish(self, request: RoutingRequest, backend: BackendView, outcome: str) -> None: ...
+
+
+@runtime_checkable
+class RequestPreparer(Protocol):
+    """Optional, for services: async work per request after admission and before the
+    pipeline runs (tokenizing on a worker thread, an index lookup), results in
+    ``request.scratch``. Must not raise for a request's content; bounded in time."""
+
+    async def prepare(self, request: RoutingRequest) -> None: ...

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from kvstack.router.plugins.base import Candidate, Picker, PluginContext
 from kvstack.router.request import RoutingRequest
 
-__all__ = ["MaxScorePicker", "RandomPicker", "WeightedRandomPicker"]
+__all__ = ["MaxScorePicker", "RandomPicker", "SoftmaxPicker", "WeightedRandomPicker"]
 
 _EPS = 1e-9
 
@@ -53,4 +54,25 @@ class WeightedRandomPicker(Picker):
 
     def pick(self, request: RoutingRequest, candidates: Sequence[Candidate]) -> Candidate:
         weights = [max(c.score, 0.0) + _EPS for c in candidates]
+        return self.context.rng.choices(list(candidates), weights=weights)[0]
+
+
+class SoftmaxPicker(Picker):
+    """Any candidate, with probability ∝ exp((score − best) / temperature): 0 is argmax;
+    a small temperature spreads near-ties (as Dynamo's router temperature does)."""
+
+    name = "softmax"
+    tie_reason = "softmax"
+
+    def __init__(self, context: PluginContext, temperature: float = 0.05) -> None:
+        super().__init__(context)
+        if temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {temperature}")
+        self.temperature = temperature
+
+    def pick(self, request: RoutingRequest, candidates: Sequence[Candidate]) -> Candidate:
+        if self.temperature == 0:
+            return candidates[0]
+        best = max(c.score for c in candidates)
+        weights = [math.exp((c.score - best) / self.temperature) for c in candidates]
         return self.context.rng.choices(list(candidates), weights=weights)[0]

@@ -1,0 +1,104 @@
+"""``SharedTierLookup``: kvstack tiers (local and shared) per backend, from the index server.
+
+One ``POST /lookup`` per request (msgpack, tokens as uint32 bytes) answers, for every engine
+that announces its kvstack tiers, the prefix length per tier, and per shared store (Redis, S3,
+a shared directory) the prefix length held there. A shared store is readable by every engine
+that runs kvstack's connector, so its prefix counts for every backend (``shared_for_all``),
+at that store's lower credit. An engine announces an instance id; the backend it is: the one
+whose name, URL or ``kvstack.io/index-instance`` label equals it. A slow or failing index costs
+the request its tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+import httpx
+import msgspec
+
+from kvstack.index.client import AsyncIndexClient, lookup_request
+from kvstack.index.protocol import LookupReply
+from kvstack.log import IncidentLogger
+from kvstack.metrics import counter
+from kvstack.router.backends import BackendView
+from kvstack.router.config_scheduling import PrefixConfig
+from kvstack.router.prompts import PromptTokens
+
+__all__ = ["INSTANCE_LABEL", "SCRATCH_KEY", "SharedTierLookup", "tier_kind", "tiers_by_backend"]
+
+log = logging.getLogger(__name__)
+incidents = IncidentLogger(log)
+INSTANCE_LABEL = "kvstack.io/index-instance"
+SCRATCH_KEY = "tier_hits"
+LOOKUPS = counter(
+    "kvstack_router_index_lookups_total", "Lookups at the kvstack index server", ["outcome"]
+)
+
+
+def tier_kind(location: str) -> str:
+    """A shared store's tier kind from its location (``redis://...`` -> ``redis``)."""
+    scheme = urlsplit(location).scheme
+    return {"rediss": "redis", "file": "disk"}.get(scheme, scheme or location)
+
+
+def tiers_by_backend(
+    reply: LookupReply, backends: Sequence[BackendView], shared_for_all: bool
+) -> dict[str, dict[str, int]]:
+    """backend id -> tier -> matched tokens, from an index reply."""
+    names: dict[str, str] = {}
+    for b in backends:
+        for alias in (b.id, b.url, urlsplit(b.url).netloc, b.backend.labels.get(INSTANCE_LABEL)):
+            if alias:
+                names[alias] = b.id
+    out: dict[str, dict[str, int]] = {}
+    for instance, match in reply.instances.items():
+        backend_id = names.get(instance)
+        if backend_id is not None:
+            out[backend_id] = {tier: n for tier, n in match.tiers.items() if n}
+    if shared_for_all and reply.shared:
+        shared: dict[str, int] = {}
+        for location, n in reply.shared.items():
+            kind = tier_kind(location)
+            shared[kind] = max(shared.get(kind, 0), n)
+        for b in backends:
+            tiers = out.setdefault(b.id, {})
+            for kind, n in shared.items():
+                tiers[kind] = max(tiers.get(kind, 0), n)
+    return out
+
+
+class SharedTierLookup:
+    def __init__(self, config: PrefixConfig) -> None:
+        self.config = config
+        self._client: AsyncIndexClient | None = None
+
+    async def start(self) -> None:
+        if self.config.index_url:
+            self._client = AsyncIndexClient(self.config.index_url, self.config.index_timeout_s)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def lookup(
+        self, prompt: PromptTokens, backends: Sequence[BackendView]
+    ) -> dict[str, dict[str, int]]:
+        """Tier matches per backend (empty when the index is off, slow or failing)."""
+        if self._client is None or not prompt.exact or not prompt.tokens:
+            return {}
+        ns = prompt.namespace
+        request = lookup_request(ns.model, prompt.tokens, salt=ns.salt, adapter=ns.adapter)
+        try:
+            reply = await asyncio.wait_for(
+                self._client.lookup(request), self.config.index_timeout_s
+            )
+        except (TimeoutError, httpx.HTTPError, msgspec.DecodeError) as exc:
+            LOOKUPS.labels("failed").inc()
+            incidents.warning("index", "index lookup failed (%s); no tier credit", exc)
+            return {}
+        LOOKUPS.labels("ok").inc()
+        return tiers_by_backend(reply, backends, self.config.shared_for_all)

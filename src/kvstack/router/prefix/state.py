@@ -1,0 +1,254 @@
+"""``PrefixState``: the router's knowledge of which backend holds which prompt prefix.
+
+One :class:`~kvstack.index.radix.RadixIndex` with these owners per backend:
+
+- ``routed``: the router's own belief, learnt from its routing decisions (inserted at
+  dispatch); bounded by the engine's KV capacity (``vllm:cache_config_info``) and a TTL, so it
+  forgets roughly as the engine evicts. Used while the backend is in *approximate* mode.
+- ``inflight``: the prompts of requests running there now (locked until they end, then kept a
+  few seconds): an engine holds the blocks of its running requests, and KV events for them may
+  not have arrived yet — this keeps a burst of same-prefix requests together in precise mode.
+- ``gpu``, ``cpu``, ``disk`` (...): what the engine's KV events report (precise mode).
+
+A backend is *precise* when its events are flowing with a complete history; an unrecoverable
+gap (or an invalid event) drops what the events said and puts it in approximate mode until
+events have rebuilt the picture for ``recover_after_s``. ``kvstack_router_prefix_precise``
+says which mode each backend is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvstack.index.radix import Owner, OwnerPolicy, PrefixMatch, RadixIndex
+from kvstack.index.radix_node import Node
+from kvstack.metrics import counter, gauge
+from kvstack.router.backends import BackendPool, BackendView
+from kvstack.router.config_scheduling import PrefixConfig
+from kvstack.router.prefix.blocks import BlockTracker
+from kvstack.router.prefix.events import KVEventBatch
+from kvstack.router.prefix.shared import SCRATCH_KEY as TIER_HITS
+from kvstack.router.prefix.shared import SharedTierLookup
+from kvstack.router.prefix.sources import EventStreams
+from kvstack.router.prefix.view import PrefixView
+from kvstack.router.prompts import PromptRenderer, PromptTokens
+from kvstack.router.request import RoutingRequest
+
+__all__ = ["PrefixState"]
+
+log = logging.getLogger(__name__)
+INFLIGHT_TTL_S = 3.0
+DEFAULT_CAPACITY_TOKENS = 1 << 20
+MATCH_KEY, LOCKS_KEY = "prefix_match", "prefix_locks"
+EVENT_TIERS = ("gpu", "cpu", "disk")
+
+PRECISE = gauge(
+    "kvstack_router_prefix_precise",
+    "1 while a backend's prefix knowledge comes from its KV events, 0 in approximate mode",
+    ["backend"],
+)
+EVENTS = counter(
+    "kvstack_router_kv_events_total",
+    "KV event outcomes per backend: batch, gap (lost), invalid, restart",
+    ["backend", "kind"],
+)
+
+
+@dataclass
+class BackendMode:
+    has_events: bool = False
+    precise_from: float | None = None  # monotonic time from which events are trusted
+    invalid: str = ""
+
+    def precise(self, now: float) -> bool:
+        return (
+            self.has_events
+            and not self.invalid
+            and self.precise_from is not None
+            and now >= self.precise_from
+        )
+
+
+class PrefixState:
+    def __init__(self, config: PrefixConfig | None = None, pool: BackendPool | None = None):
+        self.config = config or PrefixConfig()
+        radix = self.config.index
+        self.index = RadixIndex(page_size=radix.page_size, max_tokens=radix.max_tokens)
+        self.renderer = PromptRenderer(self.config)
+        self.shared = SharedTierLookup(self.config)
+        self.pool = pool
+        self.trackers: dict[str, BlockTracker] = {}
+        self.modes: dict[str, BackendMode] = {}
+        self.streams = EventStreams(self.config.events, self)
+        self._capacity: dict[str, int | None] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.renderer.start()
+        await self.shared.start()
+        self.maintain()  # subscribe at once: events from the first requests must not be missed
+        self._task = asyncio.create_task(self._maintain(), name="prefix-state")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.streams.close()
+        await self.shared.close()
+
+    async def prepare(self, request: RoutingRequest) -> None:
+        """Render the prompt (long ones on a worker thread) and look up kvstack tiers."""
+        backends = self.pool.states() if self.pool is not None else []
+        await self.renderer.prepare(request, backends)
+        hits = await self.shared.lookup(self.prompt(request, backends), backends)
+        if hits:
+            request.scratch[TIER_HITS] = hits
+
+    async def _maintain(self) -> None:
+        while True:
+            self.maintain()
+            await asyncio.sleep(1.0)
+
+    def maintain(self) -> None:
+        """Follow the pool (subscriptions, forgotten backends), expire TTLs, refresh gauges."""
+        if self.pool is not None:
+            states = self.pool.states()
+            for backend_id in self.streams.reconcile(states):
+                self._forget(backend_id)
+            for state in states:
+                self.modes.setdefault(state.id, BackendMode()).has_events = state.id in self.streams
+        self.index.expire()
+        now = time.monotonic()
+        for backend_id, mode in self.modes.items():
+            PRECISE.labels(backend_id).set(int(mode.precise(now)))
+
+    def _forget(self, backend_id: str) -> None:
+        tracker = self.trackers.pop(backend_id, None)
+        if tracker is not None:
+            tracker.clear()
+        for tier in ("routed", "inflight"):
+            self.index.drop_owner(Owner(backend_id, tier))
+        self.modes.pop(backend_id, None)
+        try:
+            PRECISE.remove(backend_id)
+        except KeyError:
+            pass
+
+    def is_precise(self, backend_id: str) -> bool:
+        mode = self.modes.get(backend_id)
+        return mode is not None and mode.precise(time.monotonic())
+
+    # -- questions -------------------------------------------------------------------------
+    def prompt(self, request: RoutingRequest, backends: Sequence[BackendView]) -> PromptTokens:
+        return self.renderer.render(request, backends)
+
+    def view(self, request: RoutingRequest, backends: Sequence[BackendView]) -> PrefixView:
+        """Each backend's matched prefix of the request, per tier (memoized per request)."""
+        prompt = self.prompt(request, backends)
+        match: PrefixMatch | None = request.scratch.get(MATCH_KEY)
+        if match is None:
+            match = request.scratch[MATCH_KEY] = self.index.match(prompt.namespace, prompt.tokens)
+        shared: dict[str, dict[str, int]] = request.scratch.get(TIER_HITS, {})
+        now = time.monotonic()
+        tiers: dict[str, dict[str, int]] = {}
+        precise = set()
+        for b in backends:
+            mode = self.modes.get(b.id)
+            is_precise = prompt.exact and mode is not None and mode.precise(now)
+            tiers[b.id] = _backend_tiers(match, b.id, is_precise, shared.get(b.id, {}))
+            if is_precise:
+                precise.add(b.id)
+        return PrefixView(len(prompt.tokens), prompt.exact, tiers, frozenset(precise))
+
+    # -- RequestObserver: the routed belief -----------------------------------------------
+    def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
+        prompt = self.prompt(request, [backend])
+        self._update_capacity(backend)
+        handles: dict[str, list[tuple[Owner, Node]]] = request.scratch.setdefault(LOCKS_KEY, {})
+        held = []
+        for tier in ("routed", "inflight"):
+            owner = Owner(backend.id, tier)
+            done = self.index.insert(prompt.namespace, prompt.tokens, owner, lock=True)
+            if done.end is not None:
+                held.append((owner, done.end))
+        handles[backend.id] = held
+
+    def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
+        return None
+
+    def on_finish(self, request: RoutingRequest, backend: BackendView, outcome: str) -> None:
+        handles: dict[str, list[tuple[Owner, Node]]] = request.scratch.get(LOCKS_KEY, {})
+        for owner, node in handles.pop(backend.id, []):
+            self.index.unlock(node, owner)
+
+    def _update_capacity(self, backend: BackendView) -> None:
+        engine = backend.engine
+        capacity = self.config.index.routed_capacity_tokens
+        if capacity is None and engine is not None and engine.num_gpu_blocks and engine.block_size:
+            capacity = engine.num_gpu_blocks * engine.block_size
+        if backend.id in self._capacity and self._capacity[backend.id] == capacity:
+            return
+        self._capacity[backend.id] = capacity
+        routed_ttl = self.config.index.routed_ttl_s
+        cap = capacity or DEFAULT_CAPACITY_TOKENS
+        self.index.set_policy(Owner(backend.id, "routed"), OwnerPolicy(cap, routed_ttl))
+        self.index.set_policy(Owner(backend.id, "inflight"), OwnerPolicy(None, INFLIGHT_TTL_S))
+
+    # -- EventSink: precise mode -----------------------------------------------------------
+    def tracker(self, backend_id: str) -> BlockTracker:
+        tracker = self.trackers.get(backend_id)
+        if tracker is None:
+            tracker = self.trackers[backend_id] = BlockTracker(
+                backend_id, self.index, lambda: self._base_models(backend_id)
+            )
+        return tracker
+
+    def _base_models(self, backend_id: str) -> list[str]:
+        state = self.pool.get(backend_id) if self.pool is not None else None
+        if state is None:
+            return []
+        return sorted(m for m in state.models if m not in state.adapters)
+
+    def started(self, backend_id: str, complete: bool) -> None:
+        mode = self.modes.setdefault(backend_id, BackendMode(has_events=True))
+        wait_s = 0.0 if complete else self.config.events.recover_after_s
+        mode.precise_from = time.monotonic() + wait_s
+        if not complete:
+            log.info("%s: KV events from mid-stream; approximate for %.0f s", backend_id, wait_s)
+
+    def batch(self, backend_id: str, batch: KVEventBatch) -> None:
+        self.tracker(backend_id).apply(batch)
+        EVENTS.labels(backend_id, "batch").inc()
+
+    def lost(self, backend_id: str, reason: str) -> None:
+        log.warning(
+            "%s: KV events lost (%s); approximate mode while they rebuild", backend_id, reason
+        )
+        EVENTS.labels(backend_id, "gap").inc()
+        self.tracker(backend_id).clear()
+        self.started(backend_id, complete=False)
+
+    def invalid(self, backend_id: str, reason: str) -> None:
+        log.error("%s: KV events unusable, approximate mode from now on: %s", backend_id, reason)
+        EVENTS.labels(backend_id, "invalid").inc()
+        self.tracker(backend_id).clear()
+        self.modes.setdefault(backend_id, BackendMode(has_events=True)).invalid = reason
+
+
+def _backend_tiers(
+    match: PrefixMatch, backend_id: str, precise: bool, index_tiers: dict[str, int]
+) -> dict[str, int]:
+    inflight = match.tokens(Owner(backend_id, "inflight"))
+    if precise:
+        tiers = {t: match.tokens(Owner(backend_id, t)) for t in EVENT_TIERS}
+        tiers["gpu"] = max(tiers["gpu"], inflight)
+    else:
+        tiers = {"routed": max(match.tokens(Owner(backend_id, "routed")), inflight)}
+    for tier, n in index_tiers.items():
+        tiers[tier] = max(tiers.get(tier, 0), n)
+    return {t: n for t, n in tiers.items() if n}
