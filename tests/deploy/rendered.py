@@ -9,6 +9,7 @@ from kvstack.deploy.chart import CHART_DIR, Manifest, load_values, render_chart
 
 REPO = CHART_DIR.parents[2]
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
+VLLM_LIST = REPO / "tests" / "deploy" / "vllm_metrics.txt"  # kvstack deploy vllm-metrics
 NAMESPACE = "llm"
 RELEASE = "kv"
 

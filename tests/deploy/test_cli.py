@@ -38,8 +38,8 @@ def test_render_validate_an_example_into_files(
 
 
 def test_bad_values_are_reported_with_exit_code_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["deploy", "render", "--set", "router.policy=fastest"]) == 2
-    assert "/router/policy" in capsys.readouterr().err
+    assert main(["deploy", "render", "--set", "router.replicas=zero"]) == 2
+    assert "/router/replicas" in capsys.readouterr().err
 
 
 def test_a_missing_values_file_is_reported(

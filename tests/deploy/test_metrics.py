@@ -20,9 +20,8 @@ from kvstack.deploy.metric_names import (
     vllm_metrics_from_source,
 )
 from kvstack.deploy.promql import dashboard_references, metric_names_in
-from tests.deploy.rendered import REPO, of_kind, rendered
+from tests.deploy.rendered import REPO, VLLM_LIST, of_kind, rendered
 
-VLLM_LIST = Path(__file__).with_name("vllm_metrics.txt")
 STATS = REPO / "src" / "kvstack" / "integrations" / "vllm" / "stats.py"
 DASHBOARDS = sorted((REPO / "deploy" / "grafana").glob("*.json"))
 REQUIRED_DASHBOARDS = {"fleet", "kv-cache", "router", "adapters"}

@@ -151,7 +151,7 @@ def test_model_entries_accept_the_engine_keys_a_model_may_override() -> None:
     ("values", "complaint"),
     [
         ({"models": [{"name": "a", "model": "m", "gpu": 1}]}, "additional properties 'gpu'"),
-        ({"router": {"policy": "fastest"}}, "/router/policy"),
+        ({"router": {"policy": "Fastest!"}}, "/router/policy"),
         ({"kv": {"cpu": {"size": "lots"}}}, "/kv/cpu/size"),
         ({"models": [{"name": "Big_Model", "model": "m"}]}, "/models/0/name"),
         ({"redis": {"url": "redis://:hunter2@cache:6379/0"}}, "/redis/url"),

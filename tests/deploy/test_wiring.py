@@ -15,6 +15,7 @@ from kvstack.deploy.metric_names import parse_metric_list
 from kvstack.deploy.promql import metric_names_in
 from tests.deploy.rendered import (
     NAMESPACE,
+    VLLM_LIST,
     container,
     engine_deployments,
     flag,
@@ -22,7 +23,6 @@ from tests.deploy.rendered import (
     render,
     rendered,
 )
-from tests.deploy.test_metrics import VLLM_LIST
 
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ADMIN_KEY|REGISTRY_URL|ACCESS_KEY")
 
@@ -209,3 +209,22 @@ def test_a_single_router_with_sqlite_is_accepted() -> None:
     (router,) = [w for w in workloads(manifests) if w["metadata"]["name"].endswith("-router")]
     assert router["spec"]["strategy"] == {"type": "Recreate"}
     assert router_config(manifests).lora.registry_url.startswith("sqlite:////var/lib/kvstack/")
+
+
+def test_router_settings_the_schema_passes_are_still_checked_by_kvstack() -> None:
+    from kvstack.errors import ConfigError
+
+    manifests = tuple(render({"router": {"policy": "fastest", "extraConfig": {"retries": 2}}}))
+    with pytest.raises(ConfigError, match=r"router\.(policy|retries)"):
+        router_config(manifests)
+
+
+def test_the_router_default_policy_applies_unless_one_is_set() -> None:
+    assert "policy" not in yaml.safe_load(_config_text(rendered("defaults")))["router"]
+    gpu = yaml.safe_load(_config_text(rendered("example:gpu-fleet")))
+    assert gpu["router"]["policy"] == "least_load"
+
+
+def _config_text(manifests: tuple[Manifest, ...]) -> str:
+    (config_map,) = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c["data"]]
+    return str(config_map["data"]["config.yaml"])

@@ -9,7 +9,8 @@ appear here: they reach the process as KVSTACK_<SECTION>_<KEY> variables or moun
 {{- fail "router.extraConfig.auth: API keys are secrets; use router.apiKeysSecret and engine.apiKeySecret" -}}
 {{- end -}}
 {{- $kube := dict "namespace" .Release.Namespace "label_selector" (include "kvstack.engineSelector" .) "port" (int .Values.engine.port) "role_label" "kvstack.io/role" -}}
-{{- $section := dict "host" "0.0.0.0" "port" (int $r.port) "policy" $r.policy "discovery" (dict "kind" "kubernetes" "kubernetes" $kube) "models" $r.models "model_aliases" $r.modelAliases "session_header" $r.sessionHeader -}}
+{{- $section := dict "host" "0.0.0.0" "port" (int $r.port) "discovery" (dict "kind" "kubernetes" "kubernetes" $kube) "models" $r.models "model_aliases" $r.modelAliases "session_header" $r.sessionHeader -}}
+{{- with $r.policy }}{{ $_ := set $section "policy" . }}{{ end -}}
 {{- with $r.pipeline }}{{ $_ := set $section "pipeline" . }}{{ end -}}
 {{- with $r.admission }}{{ $_ := set $section "admission" . }}{{ end -}}
 {{- if $r.apiKeysSecret.name -}}
