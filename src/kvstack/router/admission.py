@@ -5,7 +5,7 @@ the pipeline picks a backend, and releases the returned permit when the request 
 it ends. Because the backend is chosen only after ``admit`` returns, a queueing admission
 gets late binding for free. An admission sheds a request by raising
 :class:`~kvstack.errors.RequestError` (429 with ``retry_after_s``). Part 1 ships the trivial
-``immediate`` admission; priority queues are new entries in :data:`ADMISSIONS`.
+``immediate`` admission; part 2 the ``priority`` admission (:mod:`kvstack.router.priority`).
 """
 
 from __future__ import annotations
@@ -51,3 +51,4 @@ class ImmediateAdmission(Admission):
 
 ADMISSIONS: Registry[type[Admission]] = Registry("admission")
 ADMISSIONS.register("immediate", ImmediateAdmission)
+ADMISSIONS.register("priority", "kvstack.router.priority:PriorityAdmission")

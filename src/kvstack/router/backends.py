@@ -57,6 +57,10 @@ class BackendView(Protocol):
     @property
     def in_flight_prefill_tokens(self) -> int: ...
     @property
+    def pending(self) -> int:
+        """Router requests sent and not yet at their first token."""
+
+    @property
     def engine(self) -> EngineMetrics | None:
         """The last scrape if it is fresh, else None."""
 
@@ -111,6 +115,10 @@ class BackendState:
     @property
     def in_flight_prefill_tokens(self) -> int:
         return self.load.in_flight_prefill_tokens
+
+    @property
+    def pending(self) -> int:
+        return self.load.pending
 
     @property
     def engine(self) -> EngineMetrics | None:
