@@ -6,6 +6,8 @@ flags, then ``KVSTACK_ROUTER_*`` environment variables. Examples::
     kvstack router --backend http://127.0.0.1:8001 --backend http://127.0.0.1:8002
     kvstack router --config router.yaml --port 9000 --policy session
     kvstack router --discovery kubernetes --k8s-selector app=vllm --k8s-namespace llm
+    kvstack router --backend http://a:8000 --tokenizer llama=/models/llama \
+        --kv-event-source http://a:8000=tcp://a:5557 --admission priority
 """
 
 from __future__ import annotations
@@ -40,6 +42,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--k8s-selector", help="label selector of the engine pods")
     p.add_argument("--k8s-port", type=int, help="engine port in each pod")
     p.add_argument("--max-attempts", type=int, help="attempts per request (retries + 1)")
+    p.add_argument(
+        "--tokenizer",
+        action="append",
+        metavar="[MODEL=]SPEC",
+        help="prompt tokenizer: a model directory, sim, sim:VOCAB or chars; without MODEL= "
+        "the default for every model (repeatable)",
+    )
+    p.add_argument(
+        "--kv-event-source",
+        action="append",
+        metavar="BACKEND=ENDPOINT",
+        help="a backend's KV event endpoint, e.g. http://a:8000=tcp://a:5557 (repeatable)",
+    )
+    p.add_argument("--kv-events-port", type=int, help="KV events at tcp://<backend host>:PORT")
+    p.add_argument("--index-url", help="kvstack index server, for kvstack tier credit")
+    p.add_argument("--admission", help="admission plugin: immediate or priority")
     p.add_argument("--seed", type=int, help="seed of random choices")
     return p
 
@@ -59,6 +77,11 @@ def parse_args(argv: list[str]) -> tuple[RouterConfig, argparse.Namespace]:
         data["auth"] = {"api_keys_file": args.api_keys_file}
     if args.max_attempts is not None:
         data["retry"] = {"max_attempts": args.max_attempts}
+    if args.admission:
+        data["admission"] = {"name": args.admission}
+    prefix = _prefix(args)
+    if prefix:
+        data["prefix"] = prefix
     discovery = _discovery(args)
     if discovery:
         data["discovery"] = discovery
@@ -70,6 +93,47 @@ def _alias(text: str) -> tuple[str, str]:
     if not sep or not alias or not model:
         raise ConfigError(f"--model-alias {text!r} must look like ALIAS=MODEL")
     return alias, model
+
+
+def _pairs(values: list[str] | None, flag: str) -> dict[str, str]:
+    out = {}
+    for text in values or []:
+        key, sep, value = text.rpartition("=")
+        if not sep or not key or not value:
+            raise ConfigError(f"{flag} {text!r} must look like KEY=VALUE")
+        out[key] = value
+    return out
+
+
+def _prefix(args: argparse.Namespace) -> dict[str, Any]:
+    prefix: dict[str, Any] = {}
+    tokenizers = [t for t in args.tokenizer or [] if "=" in t]
+    defaults = [t for t in args.tokenizer or [] if "=" not in t]
+    if tokenizers:
+        prefix["tokenizers"] = _pairs(tokenizers, "--tokenizer")
+    if defaults:
+        prefix["default_tokenizer"] = defaults[-1]
+    events: dict[str, Any] = {}
+    if args.kv_event_source:
+        events["sources"] = _event_sources(args.kv_event_source)
+    if args.kv_events_port is not None:
+        events["port"] = args.kv_events_port
+    if events:
+        prefix["events"] = events
+    if args.index_url:
+        prefix["index_url"] = args.index_url
+    return prefix
+
+
+def _event_sources(values: list[str]) -> dict[str, str]:
+    """``BACKEND=ENDPOINT``: both sides may hold ``:`` and the backend URL no ``=``."""
+    out = {}
+    for text in values:
+        backend, sep, endpoint = text.partition("=")
+        if not sep or not backend or "://" not in endpoint:
+            raise ConfigError(f"--kv-event-source {text!r} must look like URL=tcp://HOST:PORT")
+        out[backend.rstrip("/")] = endpoint
+    return out
 
 
 def _discovery(args: argparse.Namespace) -> dict[str, Any]:

@@ -65,12 +65,6 @@ class EventsConfig(Section):
         description="after an unrecoverable gap, rebuild from new events for this long "
         "before trusting them again (approximate mode meanwhile)",
     )
-    silent_after_s: float | None = Field(
-        default=None,
-        gt=0,
-        description="approximate mode while a backend that has requests in flight sent no "
-        "event for this long; None: off",
-    )
 
 
 class PrefixConfig(Section):
