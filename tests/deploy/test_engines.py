@@ -7,20 +7,31 @@ import ast
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import yaml
 
-from kvstack.config import load_section
+from kvstack.config import load_config, load_section
 from kvstack.deploy.chart import Manifest
 from kvstack.index.config import IndexConfig
 from kvstack.integrations.settings import split_extra_config
 from kvstack.kv.remote.redis_url import parse_redis_url
 from kvstack.kv.remote.s3_url import parse_s3_url
 from kvstack.kv.tiers.base import parse_tier_url
+from kvstack.router.discovery.kubernetes import pod_backend
 from kvstack.section import parse_size
 from kvstack.stack.vllm_server import connector_config
-from tests.deploy.rendered import container, engine_deployments, flag, of_kind, rendered
+from tests.deploy.rendered import (
+    NAMESPACE,
+    container,
+    engine_deployments,
+    flag,
+    of_kind,
+    rendered,
+)
 
 POD = {"POD_NAME": "kv-kvstack-llama-8b-5d9c7-x2x4q", "POD_IP": "10.1.2.3"}
 ROLES = {"both": "kv_both", "prefill": "kv_producer", "decode": "kv_consumer"}
@@ -141,16 +152,33 @@ def test_disk_tier_lives_on_a_mounted_volume(manifests: tuple[Manifest, ...]) ->
                 assert parse_tier_url(tier).path in mounts
 
 
-def test_engine_names_agree_for_vllm_the_index_and_peers(manifests: tuple[Manifest, ...]) -> None:
+def test_engines_are_named_as_the_router_knows_them(manifests: tuple[Manifest, ...]) -> None:
+    """vLLM's engine_id (the announced instance id), the peer tier's ``self`` and the announce
+    setting are one name: the host:port the router's pod discovery gives the backend."""
+    config_maps = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c["data"]]
+    router = load_config(data=yaml.safe_load(config_maps[0]["data"]["config.yaml"]), env={})
     for d in kv_engines(manifests):
         env = pod_env(d)
         config = json.loads(expand(json.dumps(transfer_config(d)), env))
-        assert config["engine_id"] == POD["POD_NAME"]
+        backend = pod_backend(running_pod(d), router.router.discovery.kubernetes)
+        assert backend is not None
+        assert config["engine_id"] == urlsplit(backend.url).netloc
         for tier in config["kv_connector_extra_config"]["tiers"]:
             if tier.startswith("peer://"):
                 assert parse_tier_url(tier).params["self"] == config["engine_id"]
         if "KVSTACK_INDEX_ANNOUNCE__INSTANCE_ID" in env:
             assert env["KVSTACK_INDEX_ANNOUNCE__INSTANCE_ID"] == config["engine_id"]
+
+
+def running_pod(deployment: dict[str, Any]) -> Any:
+    """A Ready pod of the Deployment, shaped like the Kubernetes client's objects."""
+    meta = deployment["spec"]["template"]["metadata"]
+    return SimpleNamespace(
+        metadata=SimpleNamespace(name=POD["POD_NAME"], namespace=NAMESPACE,
+                                 labels=meta["labels"], deletion_timestamp=None),
+        status=SimpleNamespace(pod_ip=POD["POD_IP"], phase="Running",
+                               conditions=[SimpleNamespace(type="Ready", status="True")]),
+    )  # fmt: skip
 
 
 def test_index_settings_validate_and_point_at_the_index_service(

@@ -65,6 +65,20 @@ def test_router_config_validates_and_discovers_this_releases_engines(
         assert kube.kubernetes.role_label in pod_labels(d)
 
 
+def test_router_finds_the_index_and_the_engines_kv_events(manifests: tuple[Manifest, ...]) -> None:
+    prefix = router_config(manifests).router.prefix
+    services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
+    if prefix.index_url:
+        host, _, port = prefix.index_url.removeprefix("http://").partition(":")
+        assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
+    else:
+        assert not any(name.endswith("-index") for name in services)
+    for d in engine_deployments(manifests):
+        ports = {p["name"]: p["containerPort"] for p in container(d)["ports"]}
+        if "kv-events" in ports:
+            assert prefix.events.port == ports["kv-events"]
+
+
 def test_router_reads_its_config_and_may_list_pods_in_its_namespace_only(
     manifests: tuple[Manifest, ...],
 ) -> None:
@@ -195,6 +209,7 @@ POSTGRES = {"enabled": True, "registry": {"type": "postgresql", "urlSecret": {"n
         ({"adapters": {**POSTGRES, "extraConfig": {"admin_key": "x"}}}, "holds a secret"),
         ({"index": {"enabled": False}}, "kv.peer.enabled needs index.enabled"),
         ({"kv": {"s3": {"enabled": True}}}, "needs kv.s3.bucket"),
+        ({"router": {"mountWeights": True}}, "needs engine.weights.existingClaim"),
     ],
 )
 def test_template_checks_refuse(values: dict[str, Any], complaint: str) -> None:

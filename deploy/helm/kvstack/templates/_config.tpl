@@ -13,6 +13,13 @@ appear here: they reach the process as KVSTACK_<SECTION>_<KEY> variables or moun
 {{- with $r.policy }}{{ $_ := set $section "policy" . }}{{ end -}}
 {{- with $r.pipeline }}{{ $_ := set $section "pipeline" . }}{{ end -}}
 {{- with $r.admission }}{{ $_ := set $section "admission" . }}{{ end -}}
+{{- $prefix := dict -}}
+{{- if .Values.index.enabled }}{{ $_ := set $prefix "index_url" (include "kvstack.indexUrl" .) }}{{ end -}}
+{{- if .Values.engine.kvEvents.enabled -}}
+{{- $_ := set $prefix "events" (dict "port" (int .Values.engine.kvEvents.port)) -}}
+{{- end -}}
+{{- with $r.tokenizers }}{{ $_ := set $prefix "tokenizers" . }}{{ end -}}
+{{- if $prefix }}{{ $_ := set $section "prefix" $prefix }}{{ end -}}
 {{- if $r.apiKeysSecret.name -}}
 {{- $_ := set $section "auth" (dict "api_keys_file" (printf "/etc/kvstack/auth/%s" $r.apiKeysSecret.key)) -}}
 {{- end -}}

@@ -18,6 +18,10 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- $_ = set $e "kv" $kv -}}
 {{- $_ = set $e "port" $root.Values.engine.port -}}
 {{- $_ = set $e "apiKeySecret" $root.Values.engine.apiKeySecret -}}
+{{- /* The router subscribes to one events port on every engine. */ -}}
+{{- $_ = set $e.kvEvents "port" $root.Values.engine.kvEvents.port -}}
+{{- /* How this engine is named to the index and its peers: the router's host:port of it. */ -}}
+{{- $_ = set $e "instanceId" (printf "$(POD_IP):%v" $root.Values.engine.port) -}}
 {{- toYaml $e -}}
 {{- end -}}
 
@@ -36,7 +40,7 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- if not $root.Values.index.enabled -}}
 {{- fail "kv.peer.enabled needs index.enabled: peers find each other's chunks through the index" -}}
 {{- end -}}
-{{- $tiers = append $tiers (printf "peer://?index=%s&self=$(POD_NAME)" (include "kvstack.indexUrl" $root)) -}}
+{{- $tiers = append $tiers (printf "peer://?index=%s&self=%s" (include "kvstack.indexUrl" $root) .e.instanceId) -}}
 {{- end -}}
 {{- $redis := include "kvstack.redisTierUrl" $root -}}
 {{- if and $kv.redis $redis -}}
@@ -96,7 +100,7 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- end -}}
 {{- $extra = mergeOverwrite $extra (deepCopy $kv.extraConfig) -}}
 {{- /* engine_id names the engine in the index (announce) and to its peers (peer:// self). */ -}}
-{{- dict "kv_connector" "KVStackConnector" "kv_connector_module_path" "kvstack.integrations.vllm" "kv_role" (get $roles .e.role) "engine_id" "$(POD_NAME)" "kv_connector_extra_config" $extra | toJson -}}
+{{- dict "kv_connector" "KVStackConnector" "kv_connector_module_path" "kvstack.integrations.vllm" "kv_role" (get $roles .e.role) "engine_id" .e.instanceId "kv_connector_extra_config" $extra | toJson -}}
 {{- end -}}
 
 {{- define "kvstack.kvEventsConfig" -}}

@@ -34,7 +34,7 @@
 - name: KVSTACK_INDEX_ANNOUNCE__INDEX_URL
   value: {{ include "kvstack.indexUrl" $root | quote }}
 - name: KVSTACK_INDEX_ANNOUNCE__INSTANCE_ID
-  value: $(POD_NAME)
+  value: {{ $e.instanceId | quote }}
 - name: KVSTACK_INDEX_ANNOUNCE__SERVED_MODEL_NAMES
   value: {{ list $e.servedModelName | toJson | quote }}
 {{- end }}
