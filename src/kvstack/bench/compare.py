@@ -25,7 +25,7 @@ from kvstack.bench.frontends import FrontendProcess
 from kvstack.bench.loadgen import LoadPlan
 from kvstack.bench.prompts import make_prompt_builder
 from kvstack.bench.report import Cell, plot_all, write_table
-from kvstack.bench.serve import run_serve
+from kvstack.bench.serve import ServeResult, run_serve
 from kvstack.bench.stats import SLO
 from kvstack.bench.workloads import make_workload
 from kvstack.config import load_section
@@ -68,23 +68,19 @@ def _plan(exp: Experiment, point: float, config: BenchConfig) -> LoadPlan:
     )
 
 
-def _cell(
-    name: str, point: float, fleet: Fleet, result_summary: object, ttfts: list[float]
-) -> Cell:
-    from kvstack.bench.stats import RunSummary
-
-    assert isinstance(result_summary, RunSummary)
+def _cell(name: str, point: float, fleet: Fleet, result: ServeResult, time_scale: float) -> Cell:
     snaps = fleet.snapshots()
     queries = sum(s.prefix_queries for s in snaps)
+    wall_s = result.run.duration_s / time_scale
     return Cell(
         frontend=name,
         point=point,
-        summary=result_summary,
-        ttfts=ttfts,
+        summary=result.summary,
+        ttfts=[r.ttft_s for r in result.run.results if r.ok and r.ttft_s is not None],
         engine_requests=[s.requests for s in snaps],
         prefix_hit_rate=sum(s.prefix_hits for s in snaps) / queries if queries else 0.0,
         preemptions=sum(s.preemptions for s in snaps),
-        lag_s=sum(s.lag_s for s in snaps),
+        lag_share=max((s.lag_s for s in snaps), default=0.0) / wall_s if wall_s else 0.0,
     )
 
 
@@ -129,8 +125,7 @@ def run_compare(
                     )
                 run_path = out_dir / "runs" / f"{_slug(fe.name)}-{point:g}.json"
                 run_path.write_text(json.dumps(result.document))
-                ttfts = [r.ttft_s for r in result.run.results if r.ok and r.ttft_s is not None]
-                cell = _cell(fe.name, point, fleet, result.summary, ttfts)
+                cell = _cell(fe.name, point, fleet, result, exp.fleet.time_scale)
                 cells.append(cell)
                 _print_cell(cell)
     finally:
@@ -167,7 +162,7 @@ def _print_cell(c: Cell) -> None:
     print(
         f"  {c.frontend:<28} load {c.point:g}: {o.num_ok}/{o.num_requests} ok, "
         f"goodput {o.goodput:.3g}/s, TTFT p90 {o.ttft_s.p90 or 0:.3g} s, "
-        f"prefix hits {c.prefix_hit_rate:.0%}",
+        f"prefix hits {c.prefix_hit_rate:.0%}, engine lag {c.lag_share:.0%}",
         flush=True,
     )
 

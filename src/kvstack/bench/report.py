@@ -2,7 +2,9 @@
 
 - ``table.md``: one row per (load point, front end): requests, errors, 429s, throughput,
   goodput and SLO attainment, TTFT and TPOT percentiles, the engines' prefix-cache hit rate,
-  the load spread (max / mean requests per engine) and the simulator's lag;
+  the load spread (max / mean requests per engine) and the simulator's lag (the largest share
+  of the run an engine spent behind its schedule for want of CPU; above a few percent the row
+  describes this machine's load more than the front end, and a warning follows the table);
 - ``ttft_cdf.png``: TTFT CDF per front end, one panel per load point;
 - ``throughput_vs_rate.png``: output tokens/s and goodput against the load;
 - ``ttft_p90_vs_rate.png``: TTFT p90 against the load.
@@ -32,7 +34,7 @@ class Cell:
     engine_requests: list[float] = field(default_factory=list)
     prefix_hit_rate: float = 0.0
     preemptions: float = 0.0
-    lag_s: float = 0.0
+    lag_share: float = 0.0  # max over engines: wall seconds behind schedule / run wall time
 
     @property
     def spread(self) -> float | None:
@@ -49,14 +51,15 @@ class Cell:
             "engine_requests": self.engine_requests,
             "prefix_hit_rate": self.prefix_hit_rate,
             "preemptions": self.preemptions,
-            "lag_s": self.lag_s,
+            "lag_share": self.lag_share,
             "spread": self.spread,
         }
 
 
+LAG_WARNING = 0.05
 _HEADER = (
     "| {load} | front end | requests | errors | 429 | req/s | out tok/s | goodput/s | in SLO "
-    "| TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | TPOT p90 | prefix hits | spread | lag s |"
+    "| TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | TPOT p90 | prefix hits | spread | lag |"
 )
 
 
@@ -69,8 +72,16 @@ def write_table(cells: Sequence[Cell], path: Path, load: str, title: str) -> str
             f"| {fmt(o.request_throughput)} | {fmt(o.output_throughput)} | {fmt(o.goodput)} "
             f"| {o.slo_attainment:.0%} | {fmt(o.ttft_s.p50)} | {fmt(o.ttft_s.p90)} "
             f"| {fmt(o.ttft_s.p99)} | {fmt(o.tpot_s.p50)} | {fmt(o.tpot_s.p90)} "
-            f"| {c.prefix_hit_rate:.0%} | {fmt(c.spread)} | {fmt(c.lag_s, 2)} |"
+            f"| {c.prefix_hit_rate:.0%} | {fmt(c.spread)} | {c.lag_share:.0%} |"
         )
+    lagging = [c for c in cells if c.lag_share > LAG_WARNING]
+    if lagging:
+        worst = max(c.lag_share for c in lagging)
+        rows += ["", f"**Warning**: in {len(lagging)} of {len(cells)} runs a simulated engine "
+                 f"fell behind its schedule for more than {LAG_WARNING:.0%} of the run (worst "
+                 f"{worst:.0%}): this machine lacked the CPU for the fleet, the front end and the "
+                 "load generator at this time scale; those rows measure the machine. Lower the "
+                 "time scale or the rates, or run on quieter CPUs."]  # fmt: skip
     text = "\n".join(rows) + "\n"
     path.write_text(text)
     return text
