@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -28,7 +29,13 @@ def test_lint_is_clean(values_set: str) -> None:
     assert report.errors == [] and report.warnings == []
 
 
-@pytest.mark.parametrize("kube_version", [MIN_KUBE_VERSION, DEFAULT_KUBE_VERSION])
+# The chart's oldest supported release, the default, and the newest kubernetes-validate knows.
+KUBE_VERSIONS = sorted(
+    {MIN_KUBE_VERSION, DEFAULT_KUBE_VERSION, kubernetes_validate.latest_version()}
+)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_manifests_match_kubernetes_schemas(
     manifests: tuple[Manifest, ...], kube_version: str
 ) -> None:
