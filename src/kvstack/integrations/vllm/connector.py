@@ -5,7 +5,10 @@
         "kv_role": "kv_both", "kv_connector_extra_config": {"tiers": ["cpu://?size=4GiB",
         "file:///var/kv?size=50GiB"], "chunk_size": 256}}'
 
-(``vllm serve MODEL --kv-transfer-config ...`` is the same with the GPU build.) Roles:
+(``vllm serve MODEL --kv-transfer-config ...`` is the same with the GPU build.) On vLLM's CPU
+build also set ``VLLM_CPU_NUM_OF_RESERVED_CPU=1``: with any connector configured vLLM reserves
+an extra core for NIXL, which kvstack does not use, and small hosts then run several times
+slower. ``"kv_load_failure_policy"`` is set to ``recompute`` (``on_load_failure`` setting). Roles:
 ``kv_both`` loads and saves, ``kv_producer`` only saves (a prefill engine), ``kv_consumer`` only
 loads (a decode engine). vLLM builds one instance per role: the scheduler side
 (:mod:`.scheduler`) and one worker side per rank (:mod:`.worker`); this class only routes
