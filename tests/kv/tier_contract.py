@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
 from kvstack.kv.keys import ChunkKey
@@ -92,6 +93,16 @@ class TierContract:
         stored(tier, key(1), chunk(2))  # a removed key can be stored again
         got = tier.get(key(1))
         assert got is not None and torch.equal(got, chunk(2))
+
+    def test_keys_lists_what_is_stored_for_a_full_sync(self, tier: Tier) -> None:
+        if not hasattr(tier, "keys"):
+            pytest.skip(f"{type(tier).__name__} cannot list its keys")
+        for i in range(3):
+            assert tier.put(key(i), chunk(i))
+        tier.flush()
+        assert tier.remove(key(1))
+        tier.flush()
+        assert set(tier.keys()) == {key(0), key(2)}
 
     def test_a_chunk_is_readable_right_after_put(self, tier: Tier) -> None:
         assert tier.put(key(1), chunk(1))  # no flush: it may still be in a write queue

@@ -72,7 +72,8 @@ class WorkerSide:
 
             # Announces this engine's chunks to the index service and lends its tiers to peers,
             # when the index section enables either; otherwise a no-op.
-            self.cluster = attach_cluster(self.cache, index, instance_id=engine_id, rank=rank)
+            name = index.announce.instance_id or engine_id  # a configured name wins
+            self.cluster = attach_cluster(self.cache, index, instance_id=name, rank=rank)
 
     def _contains_prefix(self, keys: Sequence[bytes]) -> int:
         return self.cache.contains_prefix([ChunkKey(k) for k in keys])

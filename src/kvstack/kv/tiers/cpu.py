@@ -23,7 +23,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvstack.errors import ConfigError
@@ -292,6 +292,11 @@ class CPUTier(Tier):
     # -- bookkeeping -----------------------------------------------------------------------
     def _gauges(self) -> tuple[int, int]:
         return len(self._entries), self._live_bytes + self._zombie_bytes
+
+    def keys(self) -> Iterator[ChunkKey]:
+        """The keys stored now (a snapshot), for full syncs with the cluster index."""
+        with self._lock:
+            return iter(list(self._entries))
 
     def stats(self) -> TierStats:
         with self._lock:

@@ -24,7 +24,7 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvstack.errors import ChunkFormatError, ConfigError
@@ -310,6 +310,10 @@ class FileTier(Tier):
 
     def _gauges(self) -> tuple[int, int]:
         return self._index.usage()
+
+    def keys(self) -> Iterator[ChunkKey]:
+        """The keys indexed now (a snapshot), for full syncs with the cluster index."""
+        return iter(list(self._index.snapshot()))
 
     def stats(self) -> TierStats:
         queued = self._writer.state()
