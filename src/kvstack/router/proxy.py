@@ -11,6 +11,7 @@ ejection; a success clears it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from collections.abc import Sequence
@@ -18,8 +19,9 @@ from typing import cast
 
 from kvstack.errors import NoBackendError, UpstreamError
 from kvstack.router.admission import Admission, ImmediateAdmission
-from kvstack.router.backends import BackendPool, BackendState
+from kvstack.router.backends import BackendPool, BackendState, BackendView
 from kvstack.router.config import RouterConfig
+from kvstack.router.pd import PrefillStep, decode_candidates
 from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
 from kvstack.router.plugins.base import PluginContext, RequestObserver, RequestPreparer
 from kvstack.router.relay import Exchange, Relay
@@ -59,6 +61,7 @@ class Proxy:
         self._rng = rng or random.Random()
         retry_statuses = frozenset(config.retry.on_status)
         self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
+        self.pd = PrefillStep(config.pd, pipeline, self._relay) if config.pd.models else None
         key = config.auth.upstream_api_key
         self._upstream_auth = None if key is None else f"Bearer {key.get_secret_value()}"
         self._drop_client_auth = config.auth.api_keys_file is not None or bool(config.auth.api_keys)
@@ -95,12 +98,14 @@ class Proxy:
             if total.expired or total.remaining_s() <= 0:
                 raise UpstreamError("the request exceeded the total timeout", "timeout", 504)
             try:
-                candidates = eligible_backends(self.pool.states(), request.target, tried)
-                decision = self.pipeline.decide(request, candidates)
+                everyone = eligible_backends(self.pool.states(), request.target, tried)
+                decision = self._decide(request, everyone)
             except NoBackendError:
                 if failure is None:
                     raise
                 break
+            if attempt == 0 and self.pd is not None and self.pd.applies(request):
+                decision = await self._prefill_remotely(request, headers, everyone, decision)
             tried.append(decision.backend.id)
             exchange.attempts = attempt + 1
             self.telemetry.decision(decision.reason)
@@ -118,6 +123,28 @@ class Proxy:
                     self.telemetry.retry(exc.kind)
         assert failure is not None
         raise failure
+
+    def _decide(self, request: RoutingRequest, everyone: Sequence[BackendView]) -> Decision:
+        candidates = list(everyone)
+        if self.pd is not None and self.pd.applies(request):
+            candidates = decode_candidates(everyone)
+            if not candidates:
+                raise NoBackendError(f"no decode backend serves the PD model {request.target!r}")
+        return self.pipeline.decide(request, candidates)
+
+    async def _prefill_remotely(
+        self,
+        request: RoutingRequest,
+        headers: dict[str, str],
+        everyone: Sequence[BackendView],
+        decision: Decision,
+    ) -> Decision:
+        assert self.pd is not None
+        uncached = prefill_tokens(request, decision.backend.id)
+        outcome = await self.pd.run(
+            request, PATHS[request.endpoint], headers, everyone, decision, uncached, self.observers
+        )
+        return dataclasses.replace(decision, notes=(*decision.notes, outcome.note()))
 
     async def _attempt(
         self,

@@ -126,6 +126,21 @@ class Relay:
         finally:
             first_byte.cancel()
 
+    async def fetch(
+        self,
+        base_url: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        backend: str,
+        deadline: Deadline,
+    ) -> tuple[int, bytes]:
+        """A whole non-streamed answer for the router itself (PD's prefill step): never
+        relayed to the client. UpstreamError (RetryableStatus for a 5xx) as :meth:`open`."""
+        opened = await self.open(base_url, path, headers, body, backend, False, deadline)
+        self._finish(opened.conn, base_url, deadline)
+        return opened.conn.status, opened.first
+
     async def deliver(self, opened: Opened, send: Send, ex: Exchange, total: Deadline) -> str:
         """Send the answer to the client; return "ok" or why the stream was cut."""
         conn = opened.conn

@@ -84,7 +84,7 @@ class TTFTScorer(Scorer):
             )
             predictions[b.id] = self.model.predict(b.id, inputs)
             uncached[b.id] = missing
-        request.scratch[PREDICTIONS_KEY] = predictions
+        request.scratch.setdefault(PREDICTIONS_KEY, {}).update(predictions)
         best = min(p.ttft_s for p in predictions.values())
         scores = {i: (best / p.ttft_s if p.ttft_s > 0 else 1.0) for i, p in predictions.items()}
         details = {i: f"{p.note()};prefix={view.note(i)}" for i, p in predictions.items()}
@@ -100,6 +100,8 @@ class TTFTScorer(Scorer):
         dispatched = request.scratch.get(DISPATCH_KEY)
         if prediction is None or dispatched is None or not request.stream:
             return  # a non-streamed answer's first byte is its last: no TTFT to learn from
+        if request.scratch.get("pd_remote_prefill"):
+            return  # prefilled elsewhere: the prediction was for computing the prompt here
         observed_s = request.arrival_s + ttft_s - dispatched
         ERROR.observe(abs(observed_s - prediction.ttft_s))
         if self.learn:

@@ -1,0 +1,152 @@
+"""Prefill/decode disaggregation: a prefill backend computes the prompt's KV, the decode
+backend loads it and generates; the client sees one response, from the decode backend.
+
+For a model listed in ``router.pd.models``, the proxy picks the decode backend first (among
+``decode`` and ``both`` backends, through the pipeline: the cost model), then asks
+:meth:`PrefillStep.run` whether a remote prefill pays: only when the decode backend would
+compute at least ``min_remote_prefill_tokens`` prompt tokens itself (its uncached suffix, after
+prefix credit) and another backend can prefill. The prefill backend (``prefill`` or ``both``,
+again through the pipeline) gets the same body with ``max_tokens`` 1, not streamed; kvstack's
+connector there runs as ``kv_producer`` and writes the prompt's chunks to the shared tier before
+the step returns. The original request then goes to the decode backend (``kv_consumer``), whose
+connector loads those chunks instead of computing them. A failed or slow prefill step costs
+only time: the decode backend computes the prompt itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from kvstack.errors import NoBackendError, UpstreamError
+from kvstack.metrics import counter, histogram
+from kvstack.router.backends import BackendState, BackendView
+from kvstack.router.config_scheduling import PDConfig
+from kvstack.router.pipeline import Decision, Pipeline
+from kvstack.router.plugins.base import RequestObserver
+from kvstack.router.relay import Relay
+from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.upstream_pool import Deadline
+
+__all__ = ["PrefillOutcome", "PrefillStep"]
+
+PREFILLS = counter(
+    "kvstack_router_pd_prefills_total", "PD requests by prefill outcome", ["outcome"]
+)
+PREFILL_S = histogram("kvstack_router_pd_prefill_seconds", "Remote prefill step duration")
+REMOTE_KEY = "pd_remote_prefill"
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillOutcome:
+    outcome: str  # remote | short_suffix | no_prefill_backend | failed:<kind>
+    backend: str = ""
+    seconds: float = 0.0
+    uncached_tokens: int = 0
+
+    def note(self) -> str:
+        if self.outcome == "remote":
+            return f"pd=remote:{self.backend}({self.seconds * 1000:.0f}ms)"
+        return f"pd={self.outcome}(uncached={self.uncached_tokens})"
+
+
+def decode_candidates(backends: Sequence[BackendView]) -> list[BackendView]:
+    return [b for b in backends if b.backend.role in ("decode", "both")]
+
+
+def prefill_candidates(backends: Sequence[BackendView], exclude: str) -> list[BackendView]:
+    return [b for b in backends if b.backend.role in ("prefill", "both") and b.id != exclude]
+
+
+class PrefillStep:
+    def __init__(self, config: PDConfig, pipeline: Pipeline, relay: Relay) -> None:
+        self.config = config
+        self.pipeline = pipeline
+        self.relay = relay
+        self.models = frozenset(config.models)
+
+    def applies(self, request: RoutingRequest) -> bool:
+        return request.target in self.models
+
+    async def run(
+        self,
+        request: RoutingRequest,
+        path: str,
+        headers: dict[str, str],
+        backends: Sequence[BackendView],
+        decode: Decision,
+        uncached_tokens: int,
+        observers: Sequence[RequestObserver],
+    ) -> PrefillOutcome:
+        """Prefill remotely if it pays; never raises for a failed prefill."""
+        if uncached_tokens < self.config.min_remote_prefill_tokens:
+            return self._count(PrefillOutcome("short_suffix", uncached_tokens=uncached_tokens))
+        candidates = prefill_candidates(backends, decode.backend.id)
+        if not candidates:
+            return self._count(
+                PrefillOutcome("no_prefill_backend", uncached_tokens=uncached_tokens)
+            )
+        try:
+            chosen = self.pipeline.decide(request, candidates)
+        except NoBackendError:
+            return self._count(
+                PrefillOutcome("no_prefill_backend", uncached_tokens=uncached_tokens)
+            )
+        done = await self._prefill(request, path, headers, chosen, uncached_tokens, observers)
+        return self._count(done)
+
+    async def _prefill(
+        self,
+        request: RoutingRequest,
+        path: str,
+        headers: dict[str, str],
+        chosen: Decision,
+        uncached_tokens: int,
+        observers: Sequence[RequestObserver],
+    ) -> PrefillOutcome:
+        state = cast(BackendState, chosen.backend)
+        lease = state.load.acquire(uncached_tokens)
+        for observer in observers:
+            observer.on_dispatch(request, state)
+        start = time.perf_counter()
+        outcome = "ok"
+        deadline = Deadline(self.config.prefill_timeout_s, "prefill")
+        try:
+            status, _ = await self.relay.fetch(
+                state.url, path, headers, encode_body(prefill_body(request)), state.id,
+                deadline,
+            )  # fmt: skip
+            if status != 200:
+                outcome = f"failed:status_{status}"
+        except UpstreamError as exc:
+            outcome = f"failed:{exc.kind}"
+        finally:
+            deadline.cancel()
+            lease.release()
+            for observer in observers:
+                observer.on_finish(request, state, outcome)
+        seconds = time.perf_counter() - start
+        if outcome != "ok":
+            return PrefillOutcome(outcome, state.id, seconds, uncached_tokens)
+        PREFILL_S.observe(seconds)
+        request.scratch[REMOTE_KEY] = state.id
+        return PrefillOutcome("remote", state.id, seconds, uncached_tokens)
+
+    @staticmethod
+    def _count(outcome: PrefillOutcome) -> PrefillOutcome:
+        PREFILLS.labels(outcome.outcome.partition(":")[0]).inc()
+        return outcome
+
+
+def prefill_body(request: RoutingRequest) -> dict[str, Any]:
+    """The request as a prefill step: one token, one choice, not streamed, same prompt."""
+    drop = ("stream", "stream_options", "n", "best_of")
+    out: dict[str, Any] = {k: v for k, v in request.body.items() if k not in drop}
+    out["model"] = request.target
+    out["max_tokens"] = 1
+    if "max_completion_tokens" in out:
+        out["max_completion_tokens"] = 1
+    out["stream"] = False
+    return out
