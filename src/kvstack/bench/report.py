@@ -105,8 +105,13 @@ def plot_all(cells: Sequence[Cell], out_dir: Path, load: str) -> list[Path]:
 
 def _ttft_cdf(plt: Any, cells: Sequence[Cell], out_dir: Path) -> Path:
     points = sorted({c.point for c in cells})
-    fig, axes = plt.subplots(1, len(points), figsize=(5 * len(points), 4), squeeze=False)
-    for ax, point in zip(axes[0], points, strict=True):
+    cols = min(3, len(points))
+    rows = -(-len(points) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(points) :]:
+        ax.set_visible(False)
+    for ax, point in zip(flat, points, strict=False):
         for c in (c for c in cells if c.point == point):
             values = sorted(c.ttfts)
             if values:
