@@ -8,8 +8,10 @@
 2. **A fleet**: N engines in one process at time scale S, a router in front, this process as
    the load generator, all on this machine; at each simulated rate, the client's mean TTFT
    against the engines' own (the modelled one), the engines' step lag, and each process's CPU.
-   A rate "fits" when the engines lost under 5% of the run to lag and the client's TTFT stays
-   within 25% of the engines' (the pipeline, not the machine, sets the latencies). On a host
+   A rate "fits" when the engines lost under 5% of the run to lag, the three processes used
+   under 90% of the CPUs, and nothing failed. The client's TTFT exceeds the engines' by the
+   wall time the router and HTTP add, multiplied by the time scale (the price of running
+   faster than real time, the same for every front end); it is reported, not judged. On a host
    shared with other work that test says more about the neighbours than about the simulator,
    so each point also reports the CPU milliseconds each process spent per request and the
    rate those costs would allow if the processes had this host's CPUs to themselves.
@@ -186,7 +188,8 @@ def fleet_point(args: argparse.Namespace, rate: float, workdir: Path) -> FleetPo
     client_ttft = o.ttft_s.mean or 0.0
     ratio = client_ttft / engine_ttft if engine_ttft else 0.0
     lag_share = lag / wall
-    fits = lag_share < 0.05 and ratio < 1.25 and o.num_errors == 0
+    busy = sum(share.values()) / (os.cpu_count() or 1)
+    fits = lag_share < 0.05 and busy < 0.9 and o.num_errors == 0
     return FleetPoint(
         rate, o.num_requests, o.num_errors, client_ttft, engine_ttft, ratio, lag_share, share,
         per_request, projected, fits,
@@ -268,13 +271,14 @@ def _print_fleet(args: argparse.Namespace, points: list[FleetPoint]) -> None:
         f"{cpu_pressure()}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
     )
     for p in points:
+        added_ms = (p.client_ttft_mean_s - p.engine_ttft_mean_s) / args.time_scale * 1e3
         cpu = ", ".join(
             f"{k} {p.cpu_share[k]:.0%} ({p.cpu_ms_per_request[k]:.1f} ms/req)" for k in p.cpu_share
         )
         print(
             f"  rate {p.rate:>5g}/s (x{args.time_scale:g} = {p.rate * args.time_scale:g}/s wall): "
             f"{p.requests} req, TTFT client {p.client_ttft_mean_s:.3f} s vs engine "
-            f"{p.engine_ttft_mean_s:.3f} s ({p.ttft_ratio:.2f}x), lag {p.lag_share:.1%}, "
+            f"{p.engine_ttft_mean_s:.3f} s (+{added_ms:.1f} ms wall), lag {p.lag_share:.1%}, "
             f"CPU {cpu} -> {'fits' if p.fits else 'does not fit'}; the CPUs here could carry "
             f"{p.projected_wall_rps:.0f}/s wall = {p.projected_wall_rps / args.time_scale:.1f}/s "
             "simulated"
