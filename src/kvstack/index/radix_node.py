@@ -56,11 +56,12 @@ class OwnerPolicy:
 
 
 class Node:
-    __slots__ = ("children", "depth", "key", "locks", "owners", "parent")
+    __slots__ = ("alive", "children", "depth", "key", "locks", "owners", "parent")
 
     def __init__(self, key: list[int], parent: Node | None, depth: int) -> None:
         self.key = key
-        self.parent = parent
+        self.parent = parent  # kept when deleted: positions below resolve through it
+        self.alive = True
         self.depth = depth  # tokens from the root to the end of this node
         self.children: dict[PageKey, Node] = {}
         self.owners: dict[Owner, float] = {}  # owner -> last access time
@@ -88,7 +89,7 @@ class OwnerState:
 
     def touch(self, node: Node, now: float) -> None:
         heapq.heappush(self.heap, (now, -node.depth, next(_seq), node))
-        if len(self.heap) > 2 * len(self.nodes) + 64:
+        if len(self.heap) > 4 * len(self.nodes) + 256:
             self.compact()
 
     def compact(self) -> None:

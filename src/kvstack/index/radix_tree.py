@@ -3,9 +3,10 @@ or created, nodes split, grown, owned and deleted. :class:`~kvstack.index.radix.
 builds the public API and eviction on top.
 
 A :class:`Position` names a place in the tree by a node at or below it and a depth in tokens.
-Because a split only ever inserts a new node *above* an existing one, and a node's end depth
-never shrinks, walking up from the remembered node always finds the place again; a deleted
-node (depth set to -1) makes the position unresolvable.
+Because a split only ever inserts a new node *above* an existing one, a node's end depth never
+shrinks and a node's tokens never change, walking up from the remembered node always finds
+the place again — even from a deleted node, whose parent link is kept: the position is gone
+only when the node that holds it was deleted.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from kvstack.index.radix_node import Namespace, Node, Owner, OwnerPolicy, OwnerS
 from kvstack.index.radix_walk import common_prefix, page_key
 
 __all__ = ["Position", "TreeCore"]
-
-DELETED = -1
 
 
 class Position(NamedTuple):
@@ -134,12 +133,12 @@ class TreeCore:
         """The node holding ``position``: the one whose tokens end at or after it
         (``inside``: the one holding the token at index ``depth``). None if gone."""
         node, depth = position
-        if node.depth == DELETED or depth > node.depth or (inside and depth >= node.depth):
+        if depth > node.depth or (inside and depth >= node.depth):
             return None
         target = depth + 1 if inside else depth
         while node.parent is not None and node.depth - len(node.key) >= target:
             node = node.parent
-        if node.parent is None and depth != 0:
+        if not node.alive or (node.parent is None and depth != 0):
             return None
         return node
 
@@ -208,6 +207,7 @@ class TreeCore:
         del parent.children[page_key(node.key, 0, self.page_size)]
         self.num_tokens -= len(node.key)
         self.num_nodes -= 1
-        node.depth = DELETED
+        node.alive = False
         if parent.parent is None and not parent.children:  # an empty namespace
             del self._roots[self._root_ns.pop(parent)]
+            parent.alive = False

@@ -10,6 +10,12 @@
 - ``kv_factor = 1 + kv_penalty * pressure^2``, ``pressure`` rising from 0 at ``kv_threshold``
   KV usage to 1 when full (preemption and eviction loom).
 
+The choice minimises ``ttft + evict``: ``evict = eviction_weight * fullness * uncached /
+prefill_rate`` prices the prefixes this request's new blocks push out of a backend whose cache
+is full of them (``fullness``: the share of its KV capacity holding cached prefixes): they will
+be recomputed later. Without it a greedy TTFT choice spreads every prefix a little whenever a
+queue forms, and a fleet near its KV capacity thrashes.
+
 There is no switch between a "cache mode" and a "load mode": a backend holding the prefix wins
 while its queue is shorter than the prefill it saves, and a hot prefix spreads by itself once
 the queue on its holders costs more than recomputing it elsewhere.
@@ -47,6 +53,7 @@ class CostInputs:
     kv_usage: float | None = None
     prompt_tokens: int = 0
     cached_credit: float = 0.0
+    fullness: float = 0.0  # share of the backend's KV capacity holding cached prefixes
 
     def features(self) -> list[float]:
         """Scaled to similar magnitudes (thousands of tokens, tens of requests), so the
@@ -58,13 +65,19 @@ class CostInputs:
 class Prediction:
     ttft_s: float
     inputs: CostInputs
+    evict_s: float = 0.0  # the later recomputation of the prefixes this request evicts
+
+    @property
+    def cost_s(self) -> float:
+        return self.ttft_s + self.evict_s
 
     def note(self) -> str:
         i = self.inputs
         kv = "-" if i.kv_usage is None else f"{i.kv_usage:.2f}"
         return (
             f"{self.ttft_s * 1000:.0f}ms(queued={i.queued_tokens:.0f},"
-            f"uncached={i.uncached_tokens:.0f}/{i.prompt_tokens},running={i.running:.0f},kv={kv})"
+            f"uncached={i.uncached_tokens:.0f}/{i.prompt_tokens},running={i.running:.0f},"
+            f"kv={kv},full={i.fullness:.2f},evict={self.evict_s * 1000:.0f}ms)"
         )
 
 
@@ -96,6 +109,7 @@ class CostModel:
         kv_threshold: float = 0.8,
         kv_penalty: float = 3.0,
         warmup_samples: int = 20,
+        eviction_weight: float = 1.0,
     ) -> None:
         if not 0 < learning_rate <= 1:
             raise ValueError(f"learning_rate must be in (0, 1], got {learning_rate}")
@@ -103,6 +117,9 @@ class CostModel:
             raise ValueError(f"kv_threshold must be in [0, 1), got {kv_threshold}")
         if kv_penalty < 0:
             raise ValueError(f"kv_penalty must be >= 0, got {kv_penalty}")
+        if eviction_weight < 0:
+            raise ValueError(f"eviction_weight must be >= 0, got {eviction_weight}")
+        self.eviction_weight = eviction_weight
         self.prior = prior or CostPrior()
         self.learning_rate = learning_rate
         self.kv_threshold = kv_threshold
@@ -117,8 +134,11 @@ class CostModel:
         return own if own is not None and own.samples >= self.warmup_samples else self.fleet
 
     def predict(self, backend_id: str, inputs: CostInputs) -> Prediction:
-        ttft_s = self._model(backend_id).predict(inputs.features()) * self._kv_factor(inputs)
-        return Prediction(ttft_s, inputs)
+        model = self._model(backend_id)
+        ttft_s = model.predict(inputs.features()) * self._kv_factor(inputs)
+        s_per_token = model.w[1] / 1000.0
+        evict_s = self.eviction_weight * inputs.fullness * inputs.uncached_tokens * s_per_token
+        return Prediction(ttft_s, inputs, evict_s)
 
     def _kv_factor(self, inputs: CostInputs) -> float:
         if inputs.kv_usage is None or inputs.kv_usage <= self.kv_threshold:

@@ -2,10 +2,10 @@
 
 For each candidate the cost model (:mod:`kvstack.router.cost_model`) predicts TTFT from the
 prefill work queued there, this request's uncached prompt tokens after tier-weighted prefix
-credit, the requests running there and its KV usage. Score = best prediction / this
-prediction, in (0, 1]: the picker's argmax is the argmin of predicted TTFT (a ``softmax``
-picker samples around it instead). The chosen backend's inputs and prediction go into the
-decision header.
+credit, the requests running there and its KV usage, plus the cost of the cached prefixes its
+new blocks would evict there. Score = best cost / this cost, in (0, 1]: the picker's argmax is
+the argmin of the cost (a ``softmax`` picker samples around it instead). The chosen backend's
+inputs and prediction go into the decision header.
 
 As an observer it learns: at the first token of a streamed request it compares the observed
 TTFT (from dispatch) with the prediction, records the error in
@@ -51,6 +51,7 @@ class TTFTScorer(Scorer):
         learning_rate: float = 0.1,
         kv_threshold: float = 0.8,
         kv_penalty: float = 3.0,
+        eviction_weight: float = 1.0,
         learn: bool = True,
         tier_weights: Mapping[str, float] | None = None,
     ) -> None:
@@ -59,7 +60,10 @@ class TTFTScorer(Scorer):
             raise ValueError(f"prefill_tokens_per_s must be > 0, got {prefill_tokens_per_s}")
         prior = CostPrior(prefill_tokens_per_s, base_s, per_running_s)
         self.model = cost_model(
-            context, lambda: CostModel(prior, learning_rate, kv_threshold, kv_penalty)
+            context,
+            lambda: CostModel(
+                prior, learning_rate, kv_threshold, kv_penalty, eviction_weight=eviction_weight
+            ),
         )
         self.state = prefix_state(context)
         self.weights = {**DEFAULT_TIER_WEIGHTS, **self.state.config.tier_weights}
@@ -81,12 +85,13 @@ class TTFTScorer(Scorer):
                 kv_usage=None if engine is None else engine.kv_usage,
                 prompt_tokens=view.num_tokens,
                 cached_credit=credit,
+                fullness=view.fullness.get(b.id, 0.0),
             )
             predictions[b.id] = self.model.predict(b.id, inputs)
             uncached[b.id] = missing
         request.scratch.setdefault(PREDICTIONS_KEY, {}).update(predictions)
-        best = min(p.ttft_s for p in predictions.values())
-        scores = {i: (best / p.ttft_s if p.ttft_s > 0 else 1.0) for i, p in predictions.items()}
+        best = min(p.cost_s for p in predictions.values())
+        scores = {i: (best / p.cost_s if p.cost_s > 0 else 1.0) for i, p in predictions.items()}
         details = {i: f"{p.note()};prefix={view.note(i)}" for i, p in predictions.items()}
         return ScoreResult(scores, details=details)
 

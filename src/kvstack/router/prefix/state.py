@@ -156,14 +156,25 @@ class PrefixState:
         shared: dict[str, dict[str, int]] = request.scratch.get(TIER_HITS, {})
         now = time.monotonic()
         tiers: dict[str, dict[str, int]] = {}
+        fullness: dict[str, float] = {}
         precise = set()
         for b in backends:
             mode = self.modes.get(b.id)
             is_precise = prompt.exact and mode is not None and mode.precise(now)
             tiers[b.id] = _backend_tiers(match, b.id, is_precise, shared.get(b.id, {}))
+            fullness[b.id] = self.fullness(b, is_precise)
             if is_precise:
                 precise.add(b.id)
-        return PrefixView(len(prompt.tokens), prompt.exact, tiers, frozenset(precise))
+        return PrefixView(len(prompt.tokens), prompt.exact, tiers, frozenset(precise), fullness)
+
+    def fullness(self, backend: BackendView, precise: bool) -> float:
+        """The share of the backend's KV capacity that holds cached prefixes, as its events
+        (precise) or the router's routing (approximate) tell; 0 when its capacity is unknown."""
+        capacity = self._capacity.get(backend.id) or _engine_capacity(backend)
+        if not capacity:
+            return 0.0
+        held = self.index.owned_tokens(Owner(backend.id, "gpu" if precise else "routed"))
+        return min(1.0, held / capacity)
 
     # -- RequestObserver: the routed belief -----------------------------------------------
     def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
@@ -187,10 +198,7 @@ class PrefixState:
             self.index.unlock(node, owner)
 
     def _update_capacity(self, backend: BackendView) -> None:
-        engine = backend.engine
-        capacity = self.config.index.routed_capacity_tokens
-        if capacity is None and engine is not None and engine.num_gpu_blocks and engine.block_size:
-            capacity = engine.num_gpu_blocks * engine.block_size
+        capacity = self.config.index.routed_capacity_tokens or _engine_capacity(backend)
         if backend.id in self._capacity and self._capacity[backend.id] == capacity:
             return
         self._capacity[backend.id] = capacity
@@ -238,6 +246,14 @@ class PrefixState:
         EVENTS.labels(backend_id, "invalid").inc()
         self.tracker(backend_id).clear()
         self.modes.setdefault(backend_id, BackendMode(has_events=True)).invalid = reason
+
+
+def _engine_capacity(backend: BackendView) -> int | None:
+    """Tokens of KV the engine holds (``vllm:cache_config_info``), when scraped."""
+    engine = backend.engine
+    if engine is None or not engine.num_gpu_blocks or not engine.block_size:
+        return None
+    return engine.num_gpu_blocks * engine.block_size
 
 
 def _backend_tiers(

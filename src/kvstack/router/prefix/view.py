@@ -29,6 +29,7 @@ class PrefixView:
     exact: bool  # tokenized as the engines do (else character blocks: routed beliefs only)
     tiers: dict[str, dict[str, int]] = field(default_factory=dict)  # backend -> tier -> tokens
     precise: frozenset[str] = frozenset()  # backends whose device tier comes from KV events
+    fullness: dict[str, float] = field(default_factory=dict)  # cached share of KV capacity
 
     def tiers_of(self, backend_id: str) -> dict[str, int]:
         return self.tiers.get(backend_id, {})
