@@ -260,3 +260,13 @@ async def test_affinity_prefers_hot_then_warm_then_a_stable_home(
     assert s.manager.affinity("a@1", urls)[home] == 1.0
     (await s.manager.ensure_hot(home, b, budget_s=60)).finish()  # a: demoted to warm
     assert s.manager.affinity("a@1", urls)[home] == 0.8
+
+
+def test_pick_engine_prefers_a_queue_over_a_cold_start() -> None:
+    from kvstack.lora.affinity import pick_engine
+
+    scores = {"a": 0.8, "b": 0.6, "c": 0.2}  # warm on a, cold elsewhere (b is its home)
+    assert pick_engine(scores, {"a": 8, "b": 0, "c": 0}, slack=8) == "a"
+    assert pick_engine(scores, {"a": 20, "b": 0, "c": 0}, slack=8) == "a"  # queue, not cold
+    assert pick_engine({"a": 0.2, "b": 0.6, "c": 0.4}, {"a": 0, "b": 5, "c": 0}, 8) == "b"
+    assert pick_engine(scores, {"a": 40, "b": 0, "c": 0}, slack=8) == "b"  # badly overloaded

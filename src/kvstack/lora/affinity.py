@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 
 from kvstack.lora.residency import EngineCache, Tier
 
-__all__ = ["affinity_scores", "rendezvous_order"]
+__all__ = ["WARM_SCORE", "affinity_scores", "pick_engine", "rendezvous_order"]
+
+WARM_SCORE = 0.75  # scores from here up: the adapter is warm, loading or hot there
 
 
 def affinity_scores(
@@ -35,10 +37,27 @@ def affinity_scores(
         elif tier is Tier.HOT:
             scores[url] = 0.95 + 0.05 * home
         elif tier is Tier.WARM:
-            scores[url] = 0.75 + 0.05 * home
+            scores[url] = WARM_SCORE + 0.05 * home
         else:
             scores[url] = 0.2 + 0.4 * home
     return scores
+
+
+def pick_engine(scores: Mapping[str, float], in_flight: Mapping[str, int], slack: int) -> str:
+    """A reference picker: the best affinity among engines at most ``slack`` requests busier
+    than the least busy; but rather than a cold start, an engine holding the adapter up to
+    ``4 * slack`` busier (a cold load costs more than a short queue)."""
+    least = min(in_flight.values())
+
+    def best(limit: int) -> str:
+        open_ = [u for u in scores if in_flight[u] <= least + limit]
+        return max(open_, key=lambda u: (scores[u], -in_flight[u]))
+
+    chosen = best(slack)
+    if scores[chosen] >= WARM_SCORE:
+        return chosen
+    fallback = best(4 * slack)
+    return fallback if scores[fallback] >= WARM_SCORE else chosen
 
 
 def rendezvous_order(adapter_name: str, engine_urls: Sequence[str]) -> list[str]:

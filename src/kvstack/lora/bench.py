@@ -2,8 +2,9 @@
 
     python -m kvstack.lora.bench [--adapters 1000] [--requests 12000] [--engines 4] ...
 
-Both arms run in one invocation against fresh simulated fleets (``kvstack sim-engine``, in a
-child process) with identical arrivals (the ``lora-zipf`` workload of
+Both arms run side by side in one invocation (one event loop, so whatever else loads the machine
+loads both alike; ``--sequential`` runs them one after the other), each against its own fresh
+simulated fleet (``kvstack sim-engine``, in a child process), with identical arrivals (the ``lora-zipf`` workload of
 :mod:`kvstack.lora.bench_workload`), engine timing, store timing and memory: ``--gpu-slots``
 hot and ``--host-slots`` warm adapters per engine. The weighted arm uses the configured hot
 score and never-evict rules (platinum and canary pinned); the LRU arm is the engines' own
@@ -20,6 +21,7 @@ import asyncio
 import json
 import sys
 import tempfile
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--zipf-s", type=float, default=1.0, help="popularity skew within a tier")
     add("--interactive-fraction", type=float, default=0.7)
     add("--interactive-budget-s", type=float, default=5.0, help="cold-start budget")
-    add("--time-scale", type=float, default=3.0, help="simulated seconds per wall second")
+    add("--time-scale", type=float, default=2.0, help="simulated seconds per wall second")
     add("--engine-load-s", type=float, default=0.25, help="engine load of a warm adapter")
     add("--store-latency-s", type=float, default=0.05, help="artifact store first byte")
     add("--store-mbps", type=float, default=100.0, help="store bandwidth per host, MB/s")
@@ -60,7 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     add("--rollout", type=int, default=20, help="adapters that publish version 2 mid-run")
     add("--slack", type=int, default=8, help="router: max in-flight gap to the least busy")
     add("--pin-replicas", type=int, default=1, help="engines each platinum adapter is pinned on")
-    add("--policies", default="weighted-lru,lru", help="arms, in order")
+    add("--policies", default="weighted-lru,lru", help="arms")
+    add("--sequential", action="store_true", help="simulator arms one after the other")
     add("--out", type=Path, help="write the JSON report here")
     add("--workdir", type=Path, help="keep the registry, store and logs here")
     return p
@@ -156,20 +159,23 @@ def _sim(
     from kvstack.lora.plane import ControlPlane
 
     plane = ControlPlane.from_config(config)
-    store = ModelledStore(
+    sizes = ModelledStore(
         plane.store, args.time_scale, args.store_latency_s, args.store_mbps * 1e6, 1e9
     )
-    plane.store = store
     rollout = _rollout_adapters(adapters, args.rollout)
     specs = [(a.adapter_id, "1", a.tier, a.rank) for a in adapters]
     specs += [(a, "2", a.split("-")[0], 16) for a in rollout]
     print(f"registering {len(specs)} adapter versions ...", file=sys.stderr)
-    register_all(plane, store, specs, root / "sources", root / "key.pem")
+    register_all(plane, sizes, specs, root / "sources", root / "key.pem")
     arrivals = make_arrivals(adapters, args.requests, args.rate, args.interactive_fraction)
-    results = [
-        _arm(args, _arm_config(config, p, args), plane, store, root, rollout, adapters, arrivals)
-        for p in policies
-    ]
+    configs = [_arm_config(config, p, args) for p in policies]
+    if args.sequential:
+        results = [
+            _sim_arms(args, [c], plane, sizes, root, rollout, adapters, arrivals)[0]
+            for c in configs
+        ]
+    else:
+        results = _sim_arms(args, configs, plane, sizes, root, rollout, adapters, arrivals)
     report = summarise(results, vars(args))
     print("\n== simulated engines (kvstack sim-engine over HTTP, the full manager) ==")
     write_report(report, sys.stdout)
@@ -189,17 +195,18 @@ def _arm_config(config: LoRAConfig, policy: str, args: argparse.Namespace) -> Lo
     return config.model_copy(update={"adapter_cache_policy": cache})
 
 
-def _arm(
+def _sim_arms(
     args: argparse.Namespace,
-    config: LoRAConfig,
+    configs: list[LoRAConfig],
     plane: Any,
-    store: ModelledStore,
+    sizes: ModelledStore,
     root: Path,
     rollout: list[str],
     adapters: Any,
     arrivals: Any,
-) -> ArmResult:
-    policy = config.adapter_cache_policy.eviction_policy
+) -> list[ArmResult]:
+    """Run arms side by side in one event loop, each with its own fleet and store wrapper, so
+    that whatever else loads the machine loads every arm alike."""
     sim_args = [
         "--model",
         "base",
@@ -217,32 +224,46 @@ def _arm(
         "--stream-interval",
         "8",
     ]
-    store.num_fetches = 0
-    print(f"simulator arm {policy}: {len(arrivals)} requests ...", file=sys.stderr)
-    with sim_fleet(args.engines, sim_args, root / f"sim-{policy}.log") as fleet:
-        setup = ArmSetup(
-            policy,
-            config,
-            plane,
-            store,
-            fleet.urls,
-            root / "warm",
-            args.time_scale,
-            args.slack,
-            rollout,
-            args.warmup_fraction,
-        )
-        result = _run_loop(setup, adapters, arrivals)
+    with ExitStack() as stack:
+        setups = []
+        for config in configs:
+            policy = config.adapter_cache_policy.eviction_policy
+            store = ModelledStore(
+                sizes.inner, args.time_scale, args.store_latency_s, args.store_mbps * 1e6, 1e9
+            )
+            store.modelled_bytes = sizes.modelled_bytes
+            log = root / f"sim-{policy}.log"
+            fleet = stack.enter_context(sim_fleet(args.engines, sim_args, log))
+            setups.append(
+                ArmSetup(
+                    policy,
+                    config,
+                    plane,
+                    store,
+                    fleet.urls,
+                    root / "warm",
+                    args.time_scale,
+                    args.slack,
+                    rollout,
+                    args.warmup_fraction,
+                )
+            )
+        names = ", ".join(s.policy for s in setups)
+        print(f"simulator arms {names}: {len(arrivals)} requests each ...", file=sys.stderr)
+        results = _run_loop(setups, adapters, arrivals)
     _reset_rollout(plane, rollout)
-    return result
+    return results
 
 
-def _run_loop(setup: ArmSetup, adapters: Any, arrivals: Any) -> ArmResult:
+def _run_loop(setups: list[ArmSetup], adapters: Any, arrivals: Any) -> list[ArmResult]:
+    async def main() -> list[ArmResult]:
+        return list(await asyncio.gather(*(run_arm(s, adapters, arrivals) for s in setups)))
+
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(run_arm(setup, adapters, arrivals))
-    return uvloop.run(run_arm(setup, adapters, arrivals))
+        return asyncio.run(main())
+    return uvloop.run(main())
 
 
 def _rollout_adapters(adapters: Any, count: int) -> list[str]:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvstack.lora.adapters import AdapterVersion, Release, Status
-from kvstack.lora.affinity import affinity_scores, rendezvous_order
+from kvstack.lora.affinity import affinity_scores, pick_engine, rendezvous_order
 from kvstack.lora.bench_run import ArmResult, RequestRecord
 from kvstack.lora.bench_setup import BYTES_PER_RANK
 from kvstack.lora.bench_workload import Arrival, BenchAdapter
@@ -259,12 +259,11 @@ class _Des:
         return True
 
     def _pick(self, name: str) -> _Engine:
-        least = min(e.in_flight for e in self.engines)
-        open_ = [e for e in self.engines if e.in_flight <= least + self.slack]
-        caches = {e.url: e.cache for e in open_}
-        loading = {e.url: name in e.joiners for e in open_}
-        scores = affinity_scores(name, [e.url for e in open_], caches, loading)
-        return max(open_, key=lambda e: (scores[e.url], -e.in_flight))
+        caches = {e.url: e.cache for e in self.engines}
+        loading = {e.url: name in e.joiners for e in self.engines}
+        scores = affinity_scores(name, self.urls, caches, loading)
+        url = pick_engine(scores, {e.url: e.in_flight for e in self.engines}, self.slack)
+        return self.engines[self.urls.index(url)]
 
 
 def _version(a: BenchAdapter) -> AdapterVersion:

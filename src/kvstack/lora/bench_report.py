@@ -92,7 +92,7 @@ def write_report(report: dict[str, Any], out: TextIO) -> None:
                 + a["invariants"]["wrong_version_seen_by_client"]
             ),
         ),
-        ("unverified loads", lambda a: a["invariants"].get("unverified_load")),
+        ("unverified loads", lambda a: a["invariants"].get("unverified_load", "n/a")),
         ("wall s", lambda a: f"{a['wall_s']:.0f}"),
     ]
     names = list(arms)

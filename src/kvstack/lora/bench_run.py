@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from kvstack.lora.affinity import pick_engine
 from kvstack.lora.bench_setup import CountingDriver, ModelledStore
 from kvstack.lora.bench_workload import Arrival, BenchAdapter
 from kvstack.lora.config import EngineSpec, LoRAConfig
@@ -188,10 +189,8 @@ class _Bench:
         )
 
     def _pick(self, name: str) -> str:
-        least = min(self.in_flight.values())
-        open_ = [u for u, n in self.in_flight.items() if n <= least + self.s.slack]
-        scores = self.m.affinity(name, open_)
-        return max(open_, key=lambda u: (scores[u], -self.in_flight[u]))
+        scores = self.m.affinity(name, list(self.in_flight))
+        return pick_engine(scores, self.in_flight, self.s.slack)
 
     async def _stream(
         self, d: Decision, interactive: bool, started: float

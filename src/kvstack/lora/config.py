@@ -239,8 +239,9 @@ class LoRAConfig(Section):
 
     @model_validator(mode="after")
     def _classes_named(self) -> LoRAConfig:
-        if "interactive" not in self.request_classes:
-            raise ValueError("request_classes must define 'interactive' (the default class)")
+        for name, role in (("interactive", "the default class"), ("background", "prewarms")):
+            if name not in self.request_classes:
+                raise ValueError(f"request_classes must define {name!r} ({role})")
         for tier in ("warm", "cold"):
             if self.load_time_prior_s.get(tier, -1.0) < 0:
                 raise ValueError(f"load_time_prior_s.{tier} must be given and >= 0")

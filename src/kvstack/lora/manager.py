@@ -207,7 +207,9 @@ class AdapterCacheManager:
         budget = budget_s if budget_s is not None else klass.cold_start_budget_s
         predicted = self.predictor.predict(engine_url, start.value)
         if budget is not None and predicted > budget:
-            self.prewarm_on(eng, adapter, request_class)
+            # The prewarm a refusal triggers counts against the background class's bound on
+            # cold loads: under congestion, refusals must not pile more loads onto the store.
+            self.prewarm_on(eng, adapter, "background")
             return not_now(self, eng, adapter, start, klass, "predicted_over_budget", predicted)
         return await self._wait_for_load(
             eng, adapter, start, klass, request_class, budget, predicted

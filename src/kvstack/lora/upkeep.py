@@ -62,7 +62,7 @@ async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport
     busy = (info.running | info.waiting) if info is not None else frozenset()
     for entry in eng.cache:
         if entry.name in busy:
-            entry.busy_until = now + 2 * m.config.reconcile_interval_s
+            entry.busy_until = now + 2 * m.config.reconcile_interval_s * m.time_scale
             report.busy.append(entry.name)
         if eng.lock(entry.name).locked():  # a load or unload of it is under way
             continue
