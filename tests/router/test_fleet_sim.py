@@ -167,3 +167,20 @@ async def test_overload_sheds_sheddable_and_serves_critical(
         critical = await complete(http, r.url, "t4 t5 t6", {"x-kvstack-priority": "critical"})
         assert shed[0] == 429 and critical[0] == 200
         assert all(status == 200 for status, _ in await flood)
+
+
+async def test_a_router_tokenizing_unlike_the_engine_falls_back_to_approximate(
+    fleet: FleetThread, run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    reset(fleet)
+    config = overrides(fleet)
+    config["prefix"]["tokenizers"] = {"sim-model": "sim:1000"}  # exact, but not the engine's
+    async with run_router(fleet.urls[:1], **config) as r:
+        state = prefix_of(r.router)
+        backend = r.router.pool.states()[0].id
+        await complete(http, r.url, words(60000, 600))
+        await until(lambda: state.is_precise(backend))
+        for i in range(20):
+            await complete(http, r.url, words(61000 + 700 * i, 600))
+        assert not state.is_precise(backend)
+        assert "tokenizes differently" in state.modes[backend].invalid

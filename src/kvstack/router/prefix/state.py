@@ -56,6 +56,15 @@ EVENTS = counter(
     "KV event outcomes per backend: batch, gap (lost), invalid, restart",
     ["backend", "kind"],
 )
+CHECKS = counter(
+    "kvstack_router_prefix_checks_total",
+    "Finished prompts found (match) or not (mismatch) in their backend's KV events",
+    ["backend", "result"],
+)
+CHECK_MIN_TOKENS = 512  # two blocks of the largest common block size
+CHECK_ALL_FIRST = 50  # check every prompt at first, then one in CHECK_EVERY
+CHECK_EVERY = 16
+MISMATCHES_TO_GIVE_UP = 20
 
 
 @dataclass
@@ -63,6 +72,8 @@ class BackendMode:
     has_events: bool = False
     precise_from: float | None = None  # monotonic time from which events are trusted
     invalid: str = ""
+    checks: int = 0
+    matches: int = 0
 
     def precise(self, now: float) -> bool:
         return (
@@ -196,6 +207,32 @@ class PrefixState:
         handles: dict[str, list[tuple[Owner, Node]]] = request.scratch.get(LOCKS_KEY, {})
         for owner, node in handles.pop(backend.id, []):
             self.index.unlock(node, owner)
+        if outcome == "ok":
+            self._check_events(request, backend.id)
+
+    def _check_events(self, request: RoutingRequest, backend_id: str) -> None:
+        """Validate what precise mode relies on: a prompt the engine has just served must be
+        in its KV events under the router's own token ids. If none of the first prompts ever
+        is, the router tokenizes differently from the engine: approximate mode, said loudly."""
+        prompt: PromptTokens | None = request.scratch.get("prompt")
+        mode = self.modes.get(backend_id)
+        if prompt is None or not prompt.exact or len(prompt.tokens) < CHECK_MIN_TOKENS:
+            return
+        if mode is None or not mode.precise(time.monotonic()):
+            return
+        mode.checks += 1
+        if mode.checks > CHECK_ALL_FIRST and mode.checks % CHECK_EVERY:
+            return
+        held = self.index.match(prompt.namespace, prompt.tokens).tokens(Owner(backend_id, "gpu"))
+        CHECKS.labels(backend_id, "match" if held else "mismatch").inc()
+        mode.matches += bool(held)
+        if not mode.matches and mode.checks >= MISMATCHES_TO_GIVE_UP:
+            self.invalid(
+                backend_id,
+                f"none of {mode.checks} served prompts appeared in its KV events: the router "
+                "tokenizes differently from the engine (set router.prefix.tokenizers to the "
+                "engine's model)",
+            )
 
     def _update_capacity(self, backend: BackendView) -> None:
         capacity = self.config.index.routed_capacity_tokens or _engine_capacity(backend)
