@@ -1,17 +1,23 @@
 """``kvstack bench lora``: the adapter-cache benchmark, weighted hotness against LRU.
 
-    python -m kvstack.lora.bench [--adapters 1000] [--requests 12000] [--engines 4] ...
+    python -m kvstack.lora.bench [--mode both] [--adapters 1000] [--requests 8000] ...
 
-Both arms run side by side in one invocation (one event loop, so whatever else loads the machine
-loads both alike; ``--sequential`` runs them one after the other), each against its own fresh
-simulated fleet (``kvstack sim-engine``, in a child process), with identical arrivals (the ``lora-zipf`` workload of
-:mod:`kvstack.lora.bench_workload`), engine timing, store timing and memory: ``--gpu-slots``
-hot and ``--host-slots`` warm adapters per engine. The weighted arm uses the configured hot
-score and never-evict rules (platinum and canary pinned); the LRU arm is the engines' own
-policy (no pins). Both get the same scheduled warmup of platinum adapters at startup, and half
-way through both publish version 2 of ``--rollout`` popular adapters while requests are in
-flight. The report gives cold loads, platinum cold starts and TTFT (simulated seconds) after
-the warmup fraction, the three invariants, and the weighted/LRU ratios.
+Two modes, each running both arms (``--policies``) at equal memory: ``--gpu-slots`` hot and
+``--host-slots`` warm adapters per engine, the same arrivals (the ``lora-zipf`` workload of
+:mod:`kvstack.lora.bench_workload`), the same engine and store timing.
+
+- ``sim``: the full manager drives simulated engines (``kvstack sim-engine`` in a child
+  process) over HTTP. The arms run side by side in one event loop, so whatever else loads the
+  machine loads both alike (``--sequential`` runs them one after the other). Half way through,
+  ``--rollout`` popular adapters publish version 2 while requests are in flight.
+- ``des``: the manager's cache core in virtual time (:mod:`kvstack.lora.bench_des`), long
+  enough for the caches to reach their steady state.
+
+The weighted arm uses the hot score and never-evict rules (canary, and platinum on its
+``--pin-replicas`` home engines); the LRU arm is the engines' own policy (no pins, no rules).
+Both get the same scheduled warmup of platinum adapters at startup. The report gives cold
+loads, platinum cold starts and TTFT (simulated seconds) after the warmup fraction, the three
+invariants, and the weighted/LRU ratios.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from kvstack.lora.bench_report import summarise, write_report
 from kvstack.lora.bench_run import ArmResult, ArmSetup, run_arm
 from kvstack.lora.bench_setup import ModelledStore, bench_config, register_all, sim_fleet
 from kvstack.lora.bench_workload import BenchAdapter, make_adapters, make_arrivals
-from kvstack.lora.config import LoRAConfig, ScheduledWarmup, TenantPolicy
+from kvstack.lora.config import AdapterCachePolicy, LoRAConfig, ScheduledWarmup, TenantPolicy
 
 __all__ = ["run"]
 
@@ -64,6 +70,12 @@ def _parser() -> argparse.ArgumentParser:
     add("--pin-replicas", type=int, default=1, help="engines each platinum adapter is pinned on")
     add("--policies", default="weighted-lru,lru", help="arms")
     add("--sequential", action="store_true", help="simulator arms one after the other")
+    add(
+        "--policy-json",
+        default="{}",
+        help="overrides of lora.adapter_cache_policy for the weighted arm, e.g. "
+        '\'{"hot_score": {"ttft_penalty_if_cold": 0}, "qps_window_s": 3600}\'',
+    )
     add("--out", type=Path, help="write the JSON report here")
     add("--workdir", type=Path, help="keep the registry, store and logs here")
     return p
@@ -191,7 +203,15 @@ def _arm_config(config: LoRAConfig, policy: str, args: argparse.Namespace) -> Lo
     }
     if policy == "lru":
         update |= {"never_evict_when": [], "demote_when": []}
-    cache = config.adapter_cache_policy.model_copy(update=update)
+    data = config.adapter_cache_policy.model_dump() | update
+    if policy != "lru":
+        overrides = json.loads(args.policy_json)
+        data = {
+            **data,
+            **overrides,
+            "hot_score": {**data["hot_score"], **overrides.get("hot_score", {})},
+        }
+    cache = AdapterCachePolicy.model_validate(data)
     return config.model_copy(update={"adapter_cache_policy": cache})
 
 
