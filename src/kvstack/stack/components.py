@@ -12,7 +12,7 @@ import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 
@@ -36,6 +36,8 @@ class Component:
     start_timeout_s: float = 60.0
     role: str = "both"
     model: str = ""
+    events: str | None = None  # ZMQ endpoint the router subscribes to for KV events
+    tokenizer: str | None = None  # what the router tokenizes this engine's prompts with
 
     @property
     def url(self) -> str:
@@ -102,31 +104,57 @@ def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
         argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host]
         out.append(Component("index", "index", [*argv, "--port", str(port)], config.host, port,
                              start_timeout_s=config.index.start_timeout_s))  # fmt: skip
-    expand = {"run_dir": str(run_dir.resolve()), "redis_url": redis_url}
+    index_url = next((c.url for c in out if c.kind == "index"), None)
+    ctx = _Context(
+        config.host, {"run_dir": str(run_dir.resolve()), "redis_url": redis_url}, index_url
+    )
     for spec in config.engines:
         model = resolve_model(spec.model) if spec.kind == "vllm" else spec.model
         for replica in range(spec.replicas):
             wanted = None if spec.port is None else spec.port + replica
             name = spec.name if spec.replicas == 1 else f"{spec.name}-{replica}"
-            out.append(_engine(spec, name, model, config.host, ports.take(wanted), expand))
+            events = ports.take(None) if spec.kv_events else None
+            out.append(_engine(spec, name, model, ports.take(wanted), events, ctx))
     if config.router is not None:
         out.append(_router(config, out, ports.take(config.router.port), run_dir))
     return out
 
 
+@dataclass(frozen=True)
+class _Context:
+    host: str
+    expand: dict[str, str]
+    index_url: str | None
+
+
 def _engine(
-    spec: EngineSpec, name: str, model: str, host: str, port: int, expand: dict[str, str]
+    spec: EngineSpec, name: str, model: str, port: int, events: int | None, ctx: _Context
 ) -> Component:
     served = spec.served_model_name or (spec.model if spec.model.startswith("toy") else None)
-    tiers = [t.format(**expand) for t in spec.connector.tiers] if spec.connector else []
+    tiers = [t.format(**ctx.expand) for t in spec.connector.tiers] if spec.connector else []
+    url = f"http://{ctx.host}:{port}"
+    tokenizer: str | None
     if spec.kind == "sim":
-        argv = _sim_argv(spec, served or model, host, port, tiers)
-        env = dict(spec.env)
+        argv = _sim_argv(spec, served or model, ctx.host, port, tiers)
+        if events is not None:
+            argv += ["--kv-events-endpoint", f"tcp://*:{events}"]
+        env, tokenizer = dict(spec.env), "sim"
     else:
-        argv, env = _vllm_argv(spec, model, served, host, port, tiers)
-    return Component(name, "engine", argv, host, port, env=env,
+        extra = _connector_extra(spec, url, ctx.index_url)
+        argv, env = _vllm_argv(spec, model, served, ctx.host, port, tiers, extra, events)
+        tokenizer = model if Path(model).is_dir() else None
+    return Component(name, "engine", argv, ctx.host, port, env=env,
                      start_timeout_s=spec.start_timeout_s, role=spec.role,
-                     model=served or model)  # fmt: skip
+                     model=served or model, tokenizer=tokenizer,
+                     events=None if events is None else f"tcp://{ctx.host}:{events}")  # fmt: skip
+
+
+def _connector_extra(spec: EngineSpec, url: str, index_url: str | None) -> dict[str, Any]:
+    """The connector's extra keys; with a stack index, announce under the engine's URL."""
+    extra = dict(spec.connector.extra) if spec.connector else {}
+    if index_url and spec.connector is not None and "index" not in extra:
+        extra["index"] = {"announce": {"index_url": index_url, "instance_id": url}}
+    return extra
 
 
 def _sim_argv(spec: EngineSpec, model: str, host: str, port: int, tiers: list[str]) -> list[str]:
@@ -140,12 +168,19 @@ def _sim_argv(spec: EngineSpec, model: str, host: str, port: int, tiers: list[st
 
 
 def _vllm_argv(
-    spec: EngineSpec, model: str, served: str | None, host: str, port: int, tiers: list[str]
+    spec: EngineSpec,
+    model: str,
+    served: str | None,
+    host: str,
+    port: int,
+    tiers: list[str],
+    extra: dict[str, Any],
+    events: int | None,
 ) -> tuple[list[str], dict[str, str]]:
     connector = None
     if spec.connector is not None:
         c = spec.connector
-        connector = connector_config(tiers, c.role, c.chunk_size, **c.extra)
+        connector = connector_config(tiers, c.role, c.chunk_size, **extra)
     vspec = VLLMServerSpec(
         model=model,
         port=port,
@@ -154,6 +189,7 @@ def _vllm_argv(
         max_model_len=spec.max_model_len,
         kv_cache_space_gib=spec.kv_cache_space_gib,
         kv_transfer_config=connector,
+        kv_events_endpoint=None if events is None else f"tcp://*:{events}",
         extra_args=list(spec.args),
         env=dict(spec.env),
     )
@@ -164,9 +200,20 @@ def _router(config: StackConfig, parts: list[Component], port: int, run_dir: Pat
     assert config.router is not None
     section = dict(config.router.config)
     section.update(host=config.host, port=port)
-    section["backends"] = [
-        {"url": c.url, "name": c.name, "role": c.role} for c in parts if c.kind == "engine"
-    ]
+    engines = [c for c in parts if c.kind == "engine"]
+    section["backends"] = [{"url": c.url, "name": c.name, "role": c.role} for c in engines]
+    prefix = dict(section.get("prefix", {}))
+    tokenizers = {c.model: c.tokenizer for c in engines if c.tokenizer}
+    prefix["tokenizers"] = {**tokenizers, **prefix.get("tokenizers", {})}
+    sources = {c.url: c.events for c in engines if c.events}
+    if sources:
+        events = dict(prefix.get("events", {}))
+        events["sources"] = {**sources, **events.get("sources", {})}
+        prefix["events"] = events
+    index_url = next((c.url for c in parts if c.kind == "index"), None)
+    if index_url:
+        prefix.setdefault("index_url", index_url)
+    section["prefix"] = prefix
     if config.router.policy:
         section["policy"] = config.router.policy
     path = run_dir / "router.yaml"

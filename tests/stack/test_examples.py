@@ -1,0 +1,39 @@
+"""Every example stack file loads and plans (models are built, nothing is started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvstack.config import load_config
+from kvstack.stack.components import plan_stack
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_plans(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvstack.models import toy
+
+    # The examples use the ~150M toy model; planning needs only its directory.
+    monkeypatch.setattr(toy, "SMALL", toy.TINY)
+    config = load_config(path, env={})
+    parts = plan_stack(config.stack, tmp_path)
+    assert any(c.kind == "engine" for c in parts)
+    router = tmp_path / "router.yaml"
+    if config.stack.router is not None:
+        section = yaml.safe_load(router.read_text())["router"]
+        assert len(section["backends"]) == sum(c.kind == "engine" for c in parts)
+        load_config(router, env={})  # the router accepts what the stack wrote
+
+
+def test_there_are_examples_for_each_shape() -> None:
+    names = {p.stem for p in EXAMPLES}
+    assert {
+        "single-machine",
+        "two-engines-shared-disk",
+        "fleet-redis-index",
+        "prefill-decode",
+    } <= names

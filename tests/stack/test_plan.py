@@ -1,0 +1,72 @@
+"""Planning a stack: commands, ports, tier URLs, router backends, bad configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kvstack.config import load_section
+from kvstack.errors import ConfigError
+from kvstack.stack.components import plan_stack
+from kvstack.stack.config import StackConfig
+
+
+def config(**stack: object) -> StackConfig:
+    return load_section("stack", StackConfig, stack, env={})
+
+
+def test_default_stack_is_two_simulated_engines_behind_a_router(tmp_path: Path) -> None:
+    parts = plan_stack(config(), tmp_path)
+    assert [(c.name, c.kind) for c in parts] == [
+        ("engine-0", "engine"),
+        ("engine-1", "engine"),
+        ("router", "router"),
+    ]
+    assert len({c.port for c in parts}) == 3
+    router_file = yaml.safe_load((tmp_path / "router.yaml").read_text())["router"]
+    assert [b["url"] for b in router_file["backends"]] == [parts[0].url, parts[1].url]
+
+
+def test_vllm_engines_carry_the_connector_with_expanded_tiers(tmp_path: Path) -> None:
+    cfg = config(
+        redis={"port": 6390},
+        engines=[
+            {
+                "name": "gpu",
+                "kind": "vllm",
+                "model": "/models/llama",
+                "replicas": 2,
+                "port": 9000,
+                "role": "prefill",
+                "connector": {"tiers": ["file://{run_dir}/kv?size=1GiB", "{redis_url}"]},
+            }
+        ],
+        router=None,
+    )
+    parts = plan_stack(cfg, tmp_path)
+    redis, first, second = parts
+    assert redis.argv[:3] == ["redis-server", "--port", "6390"]
+    assert (first.port, second.port) == (9000, 9001) and first.role == "prefill"
+    transfer = json.loads(first.argv[first.argv.index("--kv-transfer-config") + 1])
+    assert transfer["kv_connector"] == "KVStackConnector"
+    tiers = transfer["kv_connector_extra_config"]["tiers"]
+    assert tiers == [f"file://{tmp_path.resolve()}/kv?size=1GiB", "redis://127.0.0.1:6390/0"]
+    assert first.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ({"engines": []}, "at least one engine"),
+        ({"engines": [{"name": "a"}, {"name": "a"}]}, "unique"),
+        ({"engines": [{"kind": "tgi"}]}, "kind"),
+        ({"engines": [{"replicas": 0}]}, "replicas"),
+        ({"routr": {}}, "routr"),
+    ],
+)
+def test_bad_configs_name_the_problem(bad: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        config(**bad)
