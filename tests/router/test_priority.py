@@ -116,3 +116,23 @@ def test_bad_admission_args_name_the_field() -> None:
         cls(PluginContext(), queues={"critical": {"max_queued": 1}})
     with pytest.raises(ConfigError, match="default"):
         cls(PluginContext(), default="urgent")
+
+
+def test_saturation_counts_stale_metrics_only_once_scraped() -> None:
+    import time
+
+    from kvstack.router.backends import Backend, BackendState
+    from kvstack.router.engine_metrics import EngineMetrics
+    from kvstack.router.saturation import FleetSaturation, SaturationLimits
+
+    limits = SaturationLimits(max_pending=2, stale_saturates=True)
+    never = BackendState(Backend("never", "http://never:1"))
+    stale = BackendState(Backend("stale", "http://stale:1"), stale_after_s=1.0)
+    stale.set_engine_metrics(EngineMetrics(time.monotonic() - 5, running=0, waiting=0))
+    assert limits.reason(never) is None and limits.reason(stale) == "stale"
+    never.load.acquire(10)
+    assert limits.room(never) == 1
+    never.load.acquire(10)
+    assert limits.reason(never) == "pending"
+    fleet = FleetSaturation(limits)
+    assert fleet.room([never, stale]) == 0 and fleet.reason([never, stale]) in ("pending", "stale")

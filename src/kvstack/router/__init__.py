@@ -4,21 +4,29 @@ A request's path (each step one module)::
 
     app.RouterApp            parse the body once (request), check the API key (auth)
       model_routes           client model name -> target (alias, weighted canary, adapter)
-      proxy.Proxy            admission.admit (hold or shed; the backend is chosen after it)
-        pipeline             eligible backends -> filters -> weighted scorers -> picker
-        load                 the lease: in-flight request + prefill tokens, counted at once
+      proxy.Proxy            admission.admit: priority (hold or shed; backend chosen after it)
+        services.prepare     prompts: the prompt as the engine's token ids (worker thread
+                             when long); prefix.shared: kvstack tiers from the index server
+        pipeline             eligible backends -> filters -> weighted scorers -> picker;
+                             the default scorer is plugins.cost (predicted TTFT over the
+                             prefix state: routed beliefs, KV events, tier credit)
+        pd                   PD models: decode backend first, a remote prefill if it pays
+        load                 the lease: in-flight request + uncached prefill tokens
         relay.Relay          upstream_pool: send, wait for the first body byte, commit,
                              stream; a failure before the commit retries on another backend
+      observers              dispatch / first token / finish: routed beliefs, TTFT learning,
+                             admission room, LoRA in-flight
       telemetry              kvstack_router_* metrics; x-kvstack-backend / -decision headers
 
 Around it: discovery (static list or Kubernetes) fills the pool of backends, health checks
 and passive ejection say which are usable, the scraper corrects the load view with the
-engines' own metrics.
+engines' own metrics, and one ZMQ subscription per backend feeds its KV events into the
+prefix state (:mod:`kvstack.router.prefix`).
 
 Extension points (new files, not changes here): a scorer, filter or picker registered in
 :mod:`kvstack.router.plugins` (plugins that learn from traffic implement
-``RequestObserver``; shared state such as a prefix index or a tokenizer goes into
-``PluginContext.services``); an admission policy registered in
+``RequestObserver``; shared state such as the prefix index or the cost model lives in
+``PluginContext.services``, see :mod:`kvstack.router.services`); an admission policy in
 :data:`kvstack.router.admission.ADMISSIONS`; a discovery source in
 :data:`kvstack.router.discovery.DISCOVERY`.
 """

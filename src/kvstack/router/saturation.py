@@ -3,8 +3,9 @@
 A backend is saturated when its engine queue is long (``waiting``), its KV cache is nearly full
 (``kv_usage``), this router has too many requests in flight on it (``in_flight``) or waiting
 for their first token there (``pending``: the engine's queue as the router sees it, without a
-scrape's delay), or — when asked to treat it so — its metrics are stale (``stale``: nothing
-says it is not overloaded). Scraped figures count only while fresh.
+scrape's delay), or — when asked to treat it so — its metrics went stale (``stale``: it was
+scraped before and no longer answers in time, so nothing says it is not overloaded; a backend
+never scraped, e.g. one without ``/metrics``, is not). Scraped figures count only while fresh.
 
 :class:`FleetSaturation` answers for a set of backends (the candidates of one model): how
 many more requests they can take right now, and, when none, why.
@@ -48,7 +49,8 @@ class SaturationLimits:
             return "pending"
         engine = backend.engine
         if engine is None:
-            return "stale" if self.stale_saturates else None
+            went_stale = self.stale_saturates and backend.metrics_age_s is not None
+            return "stale" if went_stale else None
         if self.max_waiting is not None and (engine.waiting or 0) > self.max_waiting:
             return "waiting"
         if self.max_kv_usage is not None and (engine.kv_usage or 0) >= self.max_kv_usage:
