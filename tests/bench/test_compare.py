@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import yaml
 
 from kvstack.bench.experiment import load_experiment
@@ -153,3 +154,20 @@ def test_bad_experiments_are_named(tmp_path: Path) -> None:
         text=True,
     )
     assert done.returncode == 2 and "num_blocks" in done.stderr
+
+
+def test_sim_fleet_loads_adapters_on_every_engine(tmp_path: Path) -> None:
+    from kvstack.bench.experiment import FleetSpec
+
+    spec = FleetSpec(kind="sim", engines=2, sim={"time_scale": 20, "enable_lora": True,
+                                                 "max_loras": 2, "lora_load_s": 0.1})  # fmt: skip
+    fleet = SimFleet(spec, tmp_path, 30)
+    fleet.start()
+    try:
+        fleet.load_adapters(["a", "b", "c"])
+        fleet.load_adapters(["a"])  # loading again is fine
+        for url in fleet.urls:
+            models = httpx.get(url + "/v1/models").json()["data"]
+            assert sorted(m["id"] for m in models) == ["a", "b", "c", "sim-model"]
+    finally:
+        fleet.stop()

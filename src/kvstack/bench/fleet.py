@@ -8,12 +8,14 @@ caches through ``/reset_prefix_cache`` (enabled with ``VLLM_SERVER_DEV_MODE=1``)
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+import aiohttp
 import httpx
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -80,18 +82,24 @@ class Fleet(ABC):
     def stop(self) -> None: ...
 
     def load_adapters(self, names: list[str]) -> None:
-        """Register adapters on every engine (a scratch directory stands for the weights)."""
+        """Register adapters on every engine (a scratch directory stands for the weights), all
+        at once: each load takes the engine's simulated load time."""
         path = self.workdir / "adapter"
         path.mkdir(parents=True, exist_ok=True)
-        with httpx.Client(timeout=120) as client:
-            for url in self.urls:
-                for name in names:
-                    r = client.post(
-                        url + "/v1/load_lora_adapter",
-                        json={"lora_name": name, "lora_path": str(path)},
-                    )
-                    if r.status_code != 200 and "already been loaded" not in r.text:
-                        raise RuntimeError(f"loading adapter {name} on {url}: {r.text[:200]}")
+        asyncio.run(self._load_all(names, str(path)))
+
+    async def _load_all(self, names: list[str], path: str) -> None:
+        limit = asyncio.Semaphore(64)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+
+            async def load(url: str, name: str) -> None:
+                body = {"lora_name": name, "lora_path": path}
+                async with limit, session.post(url + "/v1/load_lora_adapter", json=body) as r:
+                    text = await r.text()
+                    if r.status != 200 and "already been loaded" not in text:
+                        raise RuntimeError(f"loading adapter {name} on {url}: {text[:200]}")
+
+            await asyncio.gather(*(load(url, name) for url in self.urls for name in names))
 
     def snapshots(self) -> list[EngineSnapshot]:
         with httpx.Client(timeout=30) as client:
