@@ -55,7 +55,7 @@ async def test_local_and_shared_tiers_per_backend(index_url: str) -> None:
     lookup = SharedTierLookup(PrefixConfig(index_url=index_url, index_timeout_s=5.0))
     await lookup.start()
     try:
-        prompt = PromptTokens(TOKENS + [1, 2, 3], Namespace("m"), exact=True)
+        prompt = PromptTokens([*TOKENS, 1, 2, 3], Namespace("m"), exact=True)
         hits = await lookup.lookup(prompt, [backend("a", "engine-a"), backend("b")])
     finally:
         await lookup.close()
