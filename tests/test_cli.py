@@ -44,7 +44,7 @@ def test_config_reference_is_a_markdown_table(capsys: pytest.CaptureFixture[str]
     assert main(["config", "reference"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("| key | type | default | description |")
-    assert "| `kv.chunk_size` | integer | `256` |" in out
+    assert "| `kv.chunk_size` | int | `256` |" in out
     assert "`kv.model_shape.num_layers`" in out
 
 

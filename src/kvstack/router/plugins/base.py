@@ -18,7 +18,7 @@ plugin files registered in :mod:`kvstack.router.plugins`, never pipeline changes
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, runtime_checkable
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Candidate",
     "Filter",
+    "LazyNotes",
     "Picker",
     "Plugin",
     "PluginContext",
@@ -79,6 +80,27 @@ class ScoreResult(NamedTuple):
     scores: Mapping[str, float]  # backend id -> [0, 1]; a missing id scores 0
     note: str = ""  # why, for the decision header ("pinned", "yield:saturated")
     details: Mapping[str, str] = {}  # backend id -> why (a prediction): the chosen one's is shown
+
+
+class LazyNotes(Mapping[str, str]):
+    """``ScoreResult.details`` formatted on demand (the header shows one backend's)."""
+
+    __slots__ = ("_format", "_keys")
+
+    def __init__(self, format_note: Callable[[str], str], keys: Mapping[str, object]) -> None:
+        self._format = format_note
+        self._keys = keys
+
+    def __getitem__(self, backend_id: str) -> str:
+        if backend_id not in self._keys:
+            raise KeyError(backend_id)
+        return self._format(backend_id)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys)
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
 
 class Scorer(Plugin):

@@ -21,7 +21,7 @@ from kvstack.metrics import gauge, histogram
 from kvstack.router.backends import BackendView
 from kvstack.router.config_scheduling import DEFAULT_TIER_WEIGHTS
 from kvstack.router.cost_model import CostInputs, CostModel, CostPrior, Prediction
-from kvstack.router.plugins.base import PluginContext, Scorer, ScoreResult
+from kvstack.router.plugins.base import LazyNotes, PluginContext, Scorer, ScoreResult
 from kvstack.router.request import RoutingRequest
 from kvstack.router.services import cost_model, prefix_state
 
@@ -92,7 +92,8 @@ class TTFTScorer(Scorer):
         request.scratch.setdefault(PREDICTIONS_KEY, {}).update(predictions)
         best = min(p.cost_s for p in predictions.values())
         scores = {i: (best / p.cost_s if p.cost_s > 0 else 1.0) for i, p in predictions.items()}
-        details = {i: f"{p.note()};prefix={view.note(i)}" for i, p in predictions.items()}
+        # Formatted only for the backend the header shows, not for every candidate.
+        details = LazyNotes(lambda i: f"{predictions[i].note()};prefix={view.note(i)}", scores)
         return ScoreResult(scores, details=details)
 
     # -- RequestObserver: learning ---------------------------------------------------------

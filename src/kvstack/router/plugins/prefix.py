@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from kvstack.router.backends import BackendView
 from kvstack.router.config_scheduling import DEFAULT_TIER_WEIGHTS
-from kvstack.router.plugins.base import PluginContext, Scorer, ScoreResult
+from kvstack.router.plugins.base import LazyNotes, PluginContext, Scorer, ScoreResult
 from kvstack.router.request import RoutingRequest
 from kvstack.router.services import prefix_state
 
@@ -33,5 +33,4 @@ class PrefixScorer(Scorer):
         view = self.state.view(request, backends)
         total = max(1, view.num_tokens)
         scores = {b.id: min(1.0, view.credit(b.id, self.weights) / total) for b in backends}
-        details = {b.id: view.note(b.id) for b in backends}
-        return ScoreResult(scores, details=details)
+        return ScoreResult(scores, details=LazyNotes(view.note, scores))

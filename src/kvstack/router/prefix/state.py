@@ -3,11 +3,12 @@
 One :class:`~kvstack.index.radix.RadixIndex` with these owners per backend:
 
 - ``routed``: the router's own belief, learnt from its routing decisions (inserted at
-  dispatch); bounded by the engine's KV capacity (``vllm:cache_config_info``) and a TTL, so it
-  forgets roughly as the engine evicts. Used while the backend is in *approximate* mode.
-- ``inflight``: the prompts of requests running there now (locked until they end, then kept a
-  few seconds): an engine holds the blocks of its running requests, and KV events for them may
-  not have arrived yet — this keeps a burst of same-prefix requests together in precise mode.
+  dispatch while the backend is in *approximate* mode); bounded by the engine's KV capacity
+  (``vllm:cache_config_info``) and a TTL, so it forgets roughly as the engine evicts.
+- ``inflight``: in *precise* mode, the prompts of requests running there now (locked until
+  they end, then kept a few seconds): an engine holds the blocks of its running requests, and
+  KV events for them may not have arrived yet — this keeps a burst of same-prefix requests
+  together. (After a gap the routed belief starts over from the routing that follows.)
 - ``gpu``, ``cpu``, ``disk`` (...): what the engine's KV events report (precise mode).
 
 A backend is *precise* when its events are flowing with a complete history; an unrecoverable
@@ -192,13 +193,12 @@ class PrefixState:
         prompt = self.prompt(request, [backend])
         self._update_capacity(backend)
         handles: dict[str, list[tuple[Owner, Node]]] = request.scratch.setdefault(LOCKS_KEY, {})
-        held = []
-        for tier in ("routed", "inflight"):
-            owner = Owner(backend.id, tier)
-            done = self.index.insert(prompt.namespace, prompt.tokens, owner, lock=True)
-            if done.end is not None:
-                held.append((owner, done.end))
-        handles[backend.id] = held
+        # One insert per dispatch: the routed belief while approximate; in precise mode the
+        # events are the belief and only the running prompts are added (until events cover them).
+        precise = prompt.exact and self.is_precise(backend.id)
+        owner = Owner(backend.id, "inflight" if precise else "routed")
+        done = self.index.insert(prompt.namespace, prompt.tokens, owner, lock=True)
+        handles[backend.id] = [] if done.end is None else [(owner, done.end)]
 
     def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
         return None
