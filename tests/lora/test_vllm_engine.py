@@ -14,7 +14,8 @@ import pytest
 
 from kvstack.lora.audit import AuditLog
 from kvstack.lora.basemodel import BaseModelDims
-from kvstack.lora.config import EngineSpec, LoRAConfig
+from kvstack.lora.config import EngineSpec, LoRAConfig, RequestClassBudget
+from kvstack.lora.control import LoRAControl
 from kvstack.lora.decision import Action
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.manager import AdapterCacheManager
@@ -26,9 +27,12 @@ from kvstack.lora.signing import TrustedKeys
 from kvstack.lora.store.dir import DirStore
 from kvstack.lora.upkeep import reconcile, sync_releases
 from kvstack.lora.verify import Verifier
+from kvstack.router.router import Router
+from kvstack.router.server import build_server
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
 from tests.lora.adapters import peft_adapter
+from tests.router.conftest import router_config
 
 pytestmark = pytest.mark.vllm
 PROMPT = "the cache of the router and the adapter"
@@ -206,3 +210,63 @@ async def _wait_unloaded(driver: HTTPEngineDriver, url: str, name: str) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{name} still loaded after 10 s: {sorted(loaded)}")
+
+
+async def test_router_resolves_and_loads_adapters_on_a_real_engine(
+    engine: VLLMServer,
+    peft_sources: Path,
+    keypair: tuple[Path, Path],
+    toy_model: Path,
+    tmp_path: Path,
+) -> None:
+    """The whole request path: the official client asks the router for ``routed``; the registry
+    resolves it, the manager verifies and loads it into vLLM, the answer is the adapter's."""
+    plane = _plane(tmp_path, peft_sources, keypair, toy_model)
+    plane.register(str(peft_sources / "b-v1"), "routed", "1", "toy", "acme", "gold", "test")
+    plane.sign("routed", "1", keypair[0], "test")
+    spec = EngineSpec(
+        url=engine.url,
+        base_model="toy",
+        served_model_name="toy",
+        warm_dir=str(tmp_path / "warm"),
+        gpu_slots=2,
+        host_slots=3,
+    )
+    classes = {"interactive": RequestClassBudget(cold_start_budget_s=None)}  # wait for loads
+    config = plane.config.model_copy(update={"engines": [spec], "request_classes": classes})
+    same = ControlPlane(config, plane.registry, plane.store, plane.verifier, plane.audit)
+    control = LoRAControl(config, same, HTTPEngineDriver())
+    router_cfg = router_config([engine.url], adapters={"enabled": True}, timeouts={"total_s": 300})
+    server = build_server(router_cfg, Router(router_cfg, lora=control))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "router exited during startup"
+        await asyncio.sleep(0.01)
+    via_router = openai.AsyncOpenAI(
+        base_url=f"http://127.0.0.1:{router_cfg.port}/v1", api_key="unused", max_retries=0
+    )
+    direct = openai.AsyncOpenAI(base_url=f"{engine.url}/v1", api_key="unused")
+    try:
+        listed = {m.id for m in (await via_router.models.list()).data}
+        assert {"toy", "routed"} <= listed
+        served, text = await _complete(via_router, "routed")
+        assert served == "routed@1"
+        assert control.manager.residency(engine.url, "routed@1") is Tier.HOT
+        assert (await _complete(direct, "routed@1")) == (served, text)
+        assert (await _complete(direct, "toy"))[1] != text
+        stream = await via_router.completions.create(
+            model="routed", prompt=PROMPT, max_tokens=8, temperature=0, stream=True
+        )
+        chunks = [c async for c in stream]
+        assert "".join(c.choices[0].text for c in chunks) == text
+        assert {c.model for c in chunks} == {"routed@1"}
+        assert control.manager.metrics.invariants == {
+            "pinned_eviction": 0,
+            "wrong_version": 0,
+            "unverified_load": 0,
+        }
+    finally:
+        await via_router.close()
+        await direct.close()
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)

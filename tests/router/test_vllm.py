@@ -117,7 +117,6 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
     deployment: Deployment,
 ) -> None:
     client = deployment.client()
-    victim, survivor = deployment.engines
 
     def one(i: int) -> int:
         done = client.completions.create(
@@ -128,7 +127,10 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, i) for i in range(8)]
-        _wait_in_flight(deployment.router_url, victim.url)  # requests are running on it
+        # The victim: an engine with requests running on it now (the policy decides which).
+        busy = _wait_in_flight(deployment.router_url, [e.url for e in deployment.engines])
+        victim = next(e for e in deployment.engines if e.url == busy)
+        survivor = next(e for e in deployment.engines if e is not victim)
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
         assert [f.result(timeout=300) for f in futures] == [200] * 8
@@ -147,15 +149,17 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
     assert done.choices[0].text is not None
 
 
-def _wait_in_flight(router_url: str, backend: str, timeout_s: float = 30.0) -> None:
-    wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
+def _wait_in_flight(router_url: str, backends: list[str], timeout_s: float = 30.0) -> str:
+    """The first of ``backends`` seen with a request in flight (by the router's gauge)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
-            if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) > 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"no request in flight on {backend}")
+            for backend in backends:
+                wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
+                if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) > 0:
+                    return backend
+        time.sleep(0.02)
+    raise AssertionError(f"no request in flight on any of {backends}")
 
 
 def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvstack.config import load_config
+from kvstack.config import load_config, load_section
+from kvstack.lora.config import LoRAConfig
 from kvstack.stack.components import plan_stack
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -26,7 +27,14 @@ def test_example_plans(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPat
     if config.stack.router is not None:
         section = yaml.safe_load(router.read_text())["router"]
         assert len(section["backends"]) == sum(c.kind == "engine" for c in parts)
-        load_config(router, env={})  # the router accepts what the stack wrote
+        written = load_config(router, env={})  # the router accepts what the stack wrote
+        if config.stack.lora is not None:
+            assert written.router.adapters.enabled
+            lora = load_section("lora", LoRAConfig, path=router, env={})
+            lora_engines = [c for c in parts if c.lora is not None]
+            assert [e.url for e in lora.engines] == [c.url for c in lora_engines]
+            assert set(lora.base_models) == {e.base_model for e in lora.engines}
+            assert lora.registry_url.startswith(f"sqlite:///{tmp_path.resolve()}")
 
 
 def test_there_are_examples_for_each_shape() -> None:
@@ -36,4 +44,5 @@ def test_there_are_examples_for_each_shape() -> None:
         "two-engines-shared-disk",
         "fleet-redis-index",
         "prefill-decode",
+        "multi-tenant-lora",
     } <= names

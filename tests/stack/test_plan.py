@@ -70,3 +70,25 @@ def test_vllm_engines_carry_the_connector_with_expanded_tiers(tmp_path: Path) ->
 def test_bad_configs_name_the_problem(bad: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         config(**bad)
+
+
+def test_lora_needs_engines_with_slots_and_a_valid_section(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no engine has lora slots"):
+        config(lora={})
+    with pytest.raises(ConfigError, match="lora needs the router"):
+        config(lora={}, router=None, engines=[{"kind": "sim", "lora": {}}])
+    bad = config(engines=[{"kind": "sim", "lora": {}}], lora={"request_classes": {"x": {}}})
+    with pytest.raises(ConfigError, match=r"stack\.lora"):
+        plan_stack(bad, tmp_path)
+    good = config(
+        engines=[{"kind": "sim", "replicas": 2, "lora": {"max_loras": 3}}, {"name": "plain"}],
+        lora={"trusted_keys": ["{run_dir}/keys/k.pub.pem"]},
+    )
+    parts = plan_stack(good, tmp_path)
+    assert "--enable-lora" in parts[0].argv and "--enable-lora" not in parts[2].argv
+    written = yaml.safe_load((tmp_path / "router.yaml").read_text())
+    assert written["router"]["adapters"]["enabled"] is True
+    lora = written["lora"]
+    assert [e["url"] for e in lora["engines"]] == [parts[0].url, parts[1].url]
+    assert lora["engines"][0]["gpu_slots"] == 3
+    assert lora["trusted_keys"] == [f"{tmp_path.resolve()}/keys/k.pub.pem"]

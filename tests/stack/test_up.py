@@ -111,3 +111,70 @@ def test_demo_on_simulated_engines(tmp_path: Path) -> None:
         (w, m) for w in ("multi-round-qa", "long-doc-qa") for m in ("off", "on")
     }
     assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows)
+
+
+def test_multi_tenant_lora_stack_serves_a_registered_adapter(
+    tmp_path: Path, toy_model: Path
+) -> None:
+    """A stack with adapter slots: the adapter CLI works on the router's own config file, and a
+    signed adapter registered there is loaded and served through the router by its name."""
+    from tests.lora.adapters import peft_adapter
+
+    keys = tmp_path / "keys"
+    assert kvstack("adapters", "keygen", "--out", str(keys)).returncode == 0
+    peft_adapter(toy_model, tmp_path / "adapters" / "support-v1", seed=1)
+    port, run = free_port(), tmp_path / "run"
+    stack = {
+        "run_dir": str(run),
+        "engines": [
+            {
+                "name": "sim",
+                "kind": "sim",
+                "replicas": 2,
+                "served_model_name": "toy",
+                "lora": {"max_loras": 2, "max_cpu_loras": 4, "base_model": "toy"},
+            }
+        ],
+        "router": {"port": port},
+        "lora": {
+            "source_allowlist": [(tmp_path / "adapters").as_uri() + "/"],
+            "trusted_keys": [str(keys / "signing-key.pub.pem")],
+            "base_models": {"toy": {"path": str(toy_model)}},
+            "reconcile_interval_s": 0.5,
+            "request_classes": {"interactive": {"cold_start_budget_s": 30}, "background": {}},
+        },
+    }
+    cfg = tmp_path / "stack.yaml"
+    cfg.write_text(yaml.safe_dump({"stack": stack}))
+    up = kvstack("up", "--config", str(cfg), "--detach", "--no-progress")
+    assert up.returncode == 0, up.stderr
+    env = {**os.environ, "KVSTACK_CONFIG": str(run / "router.yaml")}
+
+    def adapters(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "kvstack", "adapters", *args]
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+
+    try:
+        source = str(tmp_path / "adapters" / "support-v1")
+        reg = adapters("register", source, "--id", "support", "--version", "1",
+                       "--base-model", "toy", "--tenant", "acme", "--tier", "gold")  # fmt: skip
+        assert reg.returncode == 0, reg.stderr
+        signed = adapters("sign", "support@1", "--key", str(keys / "signing-key.pem"))
+        assert signed.returncode == 0, signed.stderr
+        deadline, answer = time.monotonic() + 30, None
+        while time.monotonic() < deadline:  # the router reads the registry every 0.5 s
+            answer = httpx.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                json={"model": "support", "prompt": "hello", "max_tokens": 4},
+                timeout=60,
+            )
+            if answer.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert answer is not None and answer.status_code == 200, answer and answer.text
+        assert answer.json()["model"] == "support@1"
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()
+        assert "support" in {m["id"] for m in models["data"]}
+    finally:
+        down = kvstack("down", "--run-dir", str(run))
+    assert down.returncode == 0, down.stderr

@@ -144,6 +144,11 @@ class EngineSpec(Section):
     host_slots: int | None = Field(default=None, ge=1, description="None: the policy default")
     max_lora_rank: int = Field(default=16, ge=1, description="the engine's --max-lora-rank")
 
+    @field_validator("url")
+    @classmethod
+    def _no_trailing_slash(cls, url: str) -> str:
+        return url.rstrip("/")  # the router matches backends to engines by URL
+
 
 class ScheduledWarmup(Section):
     select: str = Field(description="rule selecting adapters, e.g. \"tenant_id == 'acme'\"")

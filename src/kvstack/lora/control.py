@@ -55,6 +55,10 @@ class LoRAControl:
         if isinstance(self._driver, HTTPEngineDriver):
             await self._driver.aclose()
 
+    async def close(self) -> None:
+        """Same as :meth:`stop` (the router closes its services by this name)."""
+        await self.stop()
+
     def admin_app(self) -> Starlette:
         if self.config.admin_key is None:
             raise ConfigError("lora.admin_key must be set to serve the admin API")

@@ -1,7 +1,8 @@
 """The router's HTTP front end: a bare ASGI application served by uvicorn.
 
 Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (proxied, streaming or
-not), ``GET /v1/models``, ``GET /health`` (503 when no backend is usable) and ``GET /metrics``.
+not), ``GET /v1/models``, ``GET /health`` (503 when no backend is usable) and ``GET /metrics``;
+with the adapter control plane and an admin key, its admin API under ``/admin/lora/``.
 
 Why this HTTP stack (measured, not guessed) — on the 2-core development machine, ``wrk``
 (1 thread) driving a minimal JSON-forwarding proxy in front of the trivial upstream of
@@ -31,7 +32,7 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from kvstack.errors import NoBackendError, RequestError, UpstreamError
+from kvstack.errors import NoBackendError, RequestError, UnknownModelError, UpstreamError
 from kvstack.router.relay import Exchange, RetryableStatus
 from kvstack.router.request import Endpoint, RoutingRequest, encode_body, parse_request
 from kvstack.router.responses import (
@@ -60,6 +61,10 @@ class RouterApp:
         self.router = router
         self._limit = router.config.limits.max_request_bytes
         self._session_header = router.config.session_header
+        self._admin_path = router.config.adapters.admin_path + "/"
+        self._admin = None  # the adapter admin API (Starlette), when there is an admin key
+        if router.lora is not None and router.lora.config.admin_key is not None:
+            self._admin = router.lora.admin_app()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -75,6 +80,13 @@ class RouterApp:
                 return
             endpoint: Endpoint = "completions" if path == "/v1/completions" else "chat"
             await self._completion(scope, receive, send, endpoint)
+            return
+        if self._admin is not None and path.startswith(self._admin_path):
+            prefix = self._admin_path[:-1]
+            root = scope.get("root_path", "") + prefix
+            await self._admin(
+                {**scope, "path": path[len(prefix) :], "root_path": root}, receive, send
+            )
             return
         handlers = {"/health": self._health, "/metrics": self._metrics, "/v1/models": self._models}
         handler = handlers.get(path)
@@ -132,10 +144,18 @@ class RouterApp:
             arrival_s=arrival_s,
         )
         states = self.router.pool.states()
-        resolution = self.router.models.resolve(request.model, states, request.session_id)
+        gate = self.router.adapters
+        try:
+            resolution = self.router.models.resolve(request.model, states, request.session_id)
+        except UnknownModelError:
+            if gate is None or not gate.knows(request.model):
+                raise
+            return gate.resolve(request, body)  # a registered adapter no engine has loaded
         if resolution.target != request.model:
             request = request.with_target(resolution.target)
             body = encode_body({**request.body, "model": resolution.target})
+        if gate is not None:
+            request, body = gate.resolve(request, body)
         return request, body
 
     async def _forward(
@@ -183,11 +203,11 @@ class RouterApp:
 
     async def _models(self, scope: Scope, send: Send) -> None:
         try:
-            self.router.auth.tenant(header_dict(scope["headers"]))
+            tenant = self.router.auth.tenant(header_dict(scope["headers"]))
         except RequestError as exc:
             await send_error(send, exc)
             return
-        await send_json(send, 200, self.router.models_payload())
+        await send_json(send, 200, self.router.models_payload(tenant))
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

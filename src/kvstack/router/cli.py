@@ -154,7 +154,7 @@ def _discovery(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(command: str, argv: list[str]) -> int:
     try:
-        config, _ = parse_args(argv)
+        config, args = parse_args(argv)
     except ConfigError as exc:
         print(f"kvstack router: {exc}", file=sys.stderr)
         return 2
@@ -164,7 +164,19 @@ def run(command: str, argv: list[str]) -> int:
     log_config_once("router", config)
     from kvstack.router.server import build_server, tune_gc
 
-    server = build_server(config)
+    router = None
+    if config.adapters.enabled:
+        from kvstack.lora.config import LoRAConfig
+        from kvstack.lora.control import LoRAControl
+        from kvstack.router.router import Router
+
+        try:
+            lora = LoRAControl.from_config(load_section("lora", LoRAConfig, path=args.config))
+        except ConfigError as exc:
+            print(f"kvstack router: {exc}", file=sys.stderr)
+            return 2
+        router = Router(config, lora=lora)
+    server = build_server(config, router)
     tune_gc()
     server.run()
     return 0 if server.started else 1

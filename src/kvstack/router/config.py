@@ -26,6 +26,7 @@ from kvstack.router.config_scheduling import PDConfig, PrefixConfig
 from kvstack.section import Section, parse_size
 
 __all__ = [
+    "AdaptersConfig",
     "ApiKeyConfig",
     "AuthConfig",
     "BackendConfig",
@@ -235,6 +236,54 @@ class ModelRoute(Section):
     )
 
 
+class AdaptersConfig(Section):
+    """LoRA adapters through the control plane (:mod:`kvstack.lora`, the ``lora`` section)."""
+
+    enabled: bool = Field(
+        default=False,
+        description="resolve model names through the adapter registry and load adapters with "
+        "the cache manager (configured by the `lora` section of the same file)",
+    )
+    request_class_header: str = Field(
+        default="x-kvstack-request-class",
+        description="header naming the request's class (its cold-start budget in lora)",
+    )
+    default_request_class: str = Field(
+        default="interactive", description="class of requests without the header"
+    )
+    priority_by_tier: dict[str, str] = Field(
+        default_factory=lambda: {"platinum": "critical"},
+        description="adapter priority tier -> router priority, for requests that name none",
+    )
+    admin_path: str = Field(
+        default="/admin/lora", description="where the adapter admin API is served (admin key)"
+    )
+
+    @field_validator("request_class_header")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+    @field_validator("priority_by_tier")
+    @classmethod
+    def _priorities(cls, value: dict[str, str]) -> dict[str, str]:
+        from kvstack.router.priority_config import PRIORITIES  # a cycle at import time
+
+        bad = sorted(p for p in value.values() if p not in PRIORITIES)
+        if bad:
+            raise ValueError(f"priorities {bad} are not among {', '.join(PRIORITIES)}")
+        return value
+
+    @field_validator("admin_path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        if not value.startswith("/") or value.rstrip("/") in ("", "/v1"):
+            raise ValueError(
+                f"admin_path must be a path of its own like /admin/lora, got {value!r}"
+            )
+        return value.rstrip("/")
+
+
 class RouterConfig(Section):
     host: str = Field(default="0.0.0.0", description="listen address")
     port: int = Field(default=8080, ge=1, le=65535, description="listen port")
@@ -278,6 +327,9 @@ class RouterConfig(Section):
     retry: RetryConfig = Field(default_factory=RetryConfig, description="retries")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="request limits")
     auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys")
+    adapters: AdaptersConfig = Field(
+        default_factory=AdaptersConfig, description="LoRA adapters via the control plane"
+    )
     seed: int | None = Field(default=None, description="seed of random choices (tests)")
 
     @field_validator("policy")

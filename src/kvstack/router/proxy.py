@@ -15,9 +15,10 @@ import dataclasses
 import random
 import time
 from collections.abc import Sequence
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from kvstack.errors import NoBackendError, UpstreamError
+from kvstack.router.adapters import AdapterGate, served_model
 from kvstack.router.admission import Admission, ImmediateAdmission
 from kvstack.router.backends import BackendPool, BackendState, BackendView
 from kvstack.router.config import RouterConfig
@@ -29,6 +30,9 @@ from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
 from kvstack.router.responses import HOP_BY_HOP, Send
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream_pool import Deadline, UpstreamPool
+
+if TYPE_CHECKING:
+    from kvstack.lora.decision import Decision as AdapterDecision
 
 __all__ = ["PATHS", "Proxy", "observers_of"]
 
@@ -50,6 +54,7 @@ class Proxy:
         rng: random.Random | None = None,
         admission: Admission | None = None,
         preparers: Sequence[RequestPreparer] = (),
+        adapters: AdapterGate | None = None,
     ) -> None:
         self.config = config
         self.pool = pool
@@ -58,6 +63,7 @@ class Proxy:
         self.observers = list(observers)
         self.admission = admission or ImmediateAdmission(PluginContext())
         self.preparers = list(preparers)
+        self.adapters = adapters
         self._rng = rng or random.Random()
         retry_statuses = frozenset(config.retry.on_status)
         self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
@@ -109,8 +115,14 @@ class Proxy:
             tried.append(decision.backend.id)
             exchange.attempts = attempt + 1
             self.telemetry.decision(decision.reason)
+            adapter: AdapterDecision | None = None
+            sent, extra = body, list[tuple[bytes, bytes]]()
+            if self.adapters is not None:  # load the LoRA adapter there first (budgets apply)
+                adapter, sent, extra = await self.adapters.admit(request, decision.backend, body)
             try:
-                await self._attempt(request, body, headers, send, exchange, decision, total)
+                await self._attempt(
+                    request, sent, headers, send, exchange, decision, total, adapter, extra
+                )
                 return
             except UpstreamError as exc:
                 if total.expired:
@@ -126,6 +138,8 @@ class Proxy:
 
     def _decide(self, request: RoutingRequest, everyone: Sequence[BackendView]) -> Decision:
         candidates = list(everyone)
+        if self.adapters is not None:
+            candidates = self.adapters.candidates(request, candidates)
         if self.pd is not None and self.pd.applies(request):
             candidates = decode_candidates(everyone)
             if not candidates:
@@ -155,20 +169,26 @@ class Proxy:
         exchange: Exchange,
         decision: Decision,
         total: Deadline,
+        adapter: AdapterDecision | None = None,
+        extra_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
         state = cast(BackendState, decision.backend)
         lease = state.load.acquire(prefill_tokens(request, state.id))
         exchange.backend = state.id
         exchange.extra_headers = self._decision_headers(request, decision, exchange.attempts)
+        exchange.extra_headers.extend(extra_headers)
         for observer in self.observers:
             observer.on_dispatch(request, state)
         outcome = "cancelled"
+        answered_by: str | None = None
         try:
             exchange.upstream_sent_s = time.perf_counter()
             opened = await self._relay.open(
                 state.url, PATHS[request.endpoint], headers, body, state.id, request.stream, total
             )
             exchange.upstream_first_byte_s = time.perf_counter()
+            if adapter is not None:
+                answered_by = served_model(opened.first)
             lease.first_token()
             state.ejection.record_success()
             for observer in self.observers:
@@ -185,6 +205,10 @@ class Proxy:
             lease.release()
             for observer in self.observers:
                 observer.on_finish(request, state, outcome)
+            if adapter is not None:
+                first = exchange.upstream_first_byte_s
+                ttft = first - request.arrival_s if request.stream and answered_by else None
+                adapter.finish(ttft, outcome == "ok", answered_by)
 
     def upstream_headers(self, request: RoutingRequest) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}

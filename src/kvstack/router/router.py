@@ -11,8 +11,9 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kvstack.router.adapters import AdapterGate
 from kvstack.router.admission import ADMISSIONS
 from kvstack.router.auth import ApiKeys
 from kvstack.router.backends import Backend, BackendPool, BackendState
@@ -28,13 +29,25 @@ from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream import UpstreamClient
 from kvstack.router.upstream_pool import UpstreamPool
 
+if TYPE_CHECKING:
+    from kvstack.lora.control import LoRAControl
+
 __all__ = ["Router"]
 
 log = logging.getLogger(__name__)
 
 
 class Router:
-    def __init__(self, config: RouterConfig, discovery: Discovery | None = None) -> None:
+    """``lora``: the adapter control plane, when ``config.adapters.enabled`` (the CLI builds it
+    from the ``lora`` section of the same file; without it, one is built from the environment's
+    config)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        discovery: Discovery | None = None,
+        lora: LoRAControl | None = None,
+    ) -> None:
         self.config = config
         rng = random.Random(config.seed)
         self.pool = BackendPool(stale_after_s=config.scrape.stale_after_s)
@@ -44,6 +57,14 @@ class Router:
         self.auth = ApiKeys(config.auth)
         self.telemetry = Telemetry()
         self.context = PluginContext(rng=rng, config=config, pool=self.pool)
+        self.lora = lora
+        if config.adapters.enabled and lora is None:
+            from kvstack.lora.control import LoRAControl
+
+            self.lora = LoRAControl.from_config()
+        self.adapters = None if self.lora is None else AdapterGate(self.lora, config.adapters)
+        if self.lora is not None:
+            self.context.services["lora"] = self.lora  # started and closed with the services
         self.pipeline = Pipeline.from_config(config.pipeline or preset(config.policy), self.context)
         self.admission = build_plugin(
             ADMISSIONS.get(config.admission.name), config.admission, self.context
@@ -65,6 +86,7 @@ class Router:
             rng,
             self.admission,
             [s for s in self.services if isinstance(s, RequestPreparer)],
+            self.adapters,
         )
         self._started = False
 
@@ -117,14 +139,18 @@ class Router:
             "backends": backends,
         }
 
-    def models_payload(self) -> dict[str, Any]:
-        """``/v1/models``: the union of the backends' lists, then routes and aliases."""
+    def models_payload(self, tenant: str | None = None) -> dict[str, Any]:
+        """``/v1/models``: the union of the backends' lists, then routes and aliases, then the
+        registry's adapters (only the tenant's own when the API key names a tenant)."""
         seen: dict[str, dict[str, Any]] = {}
         for state in self.pool.states():
             for entry in state.model_entries or [_plain(m) for m in sorted(state.models)]:
                 seen.setdefault(str(entry.get("id")), entry)
         for entry in self.models.listed():
             seen.setdefault(entry["id"], entry)
+        if self.adapters is not None:
+            for entry in self.adapters.listed(tenant):
+                seen[entry["id"]] = entry
         return {"object": "list", "data": list(seen.values())}
 
 

@@ -38,6 +38,7 @@ class Component:
     model: str = ""
     events: str | None = None  # ZMQ endpoint the router subscribes to for KV events
     tokenizer: str | None = None  # what the router tokenizes this engine's prompts with
+    lora: dict[str, Any] | None = None  # its entry in lora.engines (without the URL)
 
     @property
     def url(self) -> str:
@@ -143,10 +144,32 @@ def _engine(
         extra = _connector_extra(spec, url, ctx.index_url)
         argv, env = _vllm_argv(spec, model, served, ctx.host, port, tiers, extra, events)
         tokenizer = model if Path(model).is_dir() else None
+    if spec.lora is not None and spec.kind == "sim":
+        argv += ["--enable-lora", "--max-loras", str(spec.lora.max_loras)]
+        argv += ["--max-cpu-loras", str(spec.lora.max_cpu_loras)]
     return Component(name, "engine", argv, ctx.host, port, env=env,
                      start_timeout_s=spec.start_timeout_s, role=spec.role,
                      model=served or model, tokenizer=tokenizer,
-                     events=None if events is None else f"tcp://{ctx.host}:{events}")  # fmt: skip
+                     events=None if events is None else f"tcp://{ctx.host}:{events}",
+                     lora=_lora_engine(spec, name, served or model, model, ctx))  # fmt: skip
+
+
+def _lora_engine(
+    spec: EngineSpec, name: str, served: str, model: str, ctx: _Context
+) -> dict[str, Any] | None:
+    if spec.lora is None:
+        return None
+    entry: dict[str, Any] = {
+        "base_model": spec.lora.base_model or served,
+        "served_model_name": served,
+        "warm_dir": str(Path(ctx.expand["run_dir"]) / "lora" / "warm" / name),
+        "gpu_slots": spec.lora.max_loras,
+        "host_slots": spec.lora.max_cpu_loras,
+        "max_lora_rank": spec.lora.max_lora_rank,
+    }
+    if Path(model).is_dir():
+        entry["model_dir"] = model  # its config.json gives the shapes adapters must match
+    return entry
 
 
 def _connector_extra(spec: EngineSpec, url: str, index_url: str | None) -> dict[str, Any]:
@@ -190,6 +213,10 @@ def _vllm_argv(
         kv_cache_space_gib=spec.kv_cache_space_gib,
         kv_transfer_config=connector,
         kv_events_endpoint=None if events is None else f"tcp://*:{events}",
+        enable_lora=spec.lora is not None,
+        max_loras=spec.lora.max_loras if spec.lora else 1,
+        max_cpu_loras=spec.lora.max_cpu_loras if spec.lora else None,
+        max_lora_rank=spec.lora.max_lora_rank if spec.lora else 16,
         extra_args=list(spec.args),
         env=dict(spec.env),
     )
@@ -216,9 +243,39 @@ def _router(config: StackConfig, parts: list[Component], port: int, run_dir: Pat
     section["prefix"] = prefix
     if config.router.policy:
         section["policy"] = config.router.policy
+    document: dict[str, Any] = {"router": section}
+    if config.lora is not None:
+        section["adapters"] = {"enabled": True, **section.get("adapters", {})}
+        document["lora"] = _lora_section(config.lora, engines, run_dir)
     path = run_dir / "router.yaml"
     run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"router": json.loads(json.dumps(section))}, sort_keys=False))
+    path.write_text(yaml.safe_dump(json.loads(json.dumps(document)), sort_keys=False))
     argv = [sys.executable, "-m", "kvstack", "router", "--config", str(path)]
     return Component("router", "router", argv, config.host, port,
                      start_timeout_s=config.router.start_timeout_s)  # fmt: skip
+
+
+def _lora_section(given: dict[str, Any], engines: list[Component], run_dir: Path) -> dict[str, Any]:
+    """The control plane's config: the stack's ``lora`` with ``{run_dir}`` expanded, local
+    registry and store under the run directory by default, and its engines filled in."""
+    root = str(run_dir.resolve())
+    lora: dict[str, Any] = json.loads(json.dumps(given).replace("{run_dir}", root))
+    lora.setdefault("registry_url", f"sqlite:///{root}/lora/registry.db")
+    lora.setdefault("artifact_store", f"file://{root}/lora/store")
+    base_models = dict(lora.get("base_models", {}))
+    listed = list(lora.get("engines", []))
+    for c in engines:
+        if c.lora is None:
+            continue
+        entry = {k: v for k, v in c.lora.items() if k != "model_dir"}
+        listed.append({"url": c.url, **entry})
+        if "model_dir" in c.lora and entry["base_model"] not in base_models:
+            base_models[entry["base_model"]] = {"path": c.lora["model_dir"]}
+    lora["engines"] = listed
+    if base_models:
+        lora["base_models"] = base_models
+    from kvstack.config import _validate
+    from kvstack.lora.config import LoRAConfig
+
+    _validate(LoRAConfig, lora, "stack.lora")  # fail before anything starts
+    return lora

@@ -16,6 +16,13 @@ A two-engine stack with a shared disk tier behind the router::
       redis: {port: 6390}       # optional: a local redis-server (must be on PATH)
 
 Tier URLs may use ``{run_dir}`` and ``{redis_url}``. Ports left out are picked free.
+
+Multi-tenant LoRA: engines with ``lora:`` slots, and a top-level ``lora:`` holding the adapter
+control plane's settings (the ``kvstack.lora`` section: registry, store, trusted keys, tenants,
+budgets). The router then resolves adapter names through the registry and loads adapters into
+those engines; its config file (``{run_dir}/router.yaml``) also serves ``kvstack adapters``
+(``KVSTACK_CONFIG={run_dir}/router.yaml kvstack adapters list``). See
+``examples/multi-tenant-lora.yaml``.
 """
 
 from __future__ import annotations
@@ -26,7 +33,15 @@ from pydantic import Field, model_validator
 
 from kvstack.section import Section
 
-__all__ = ["ConnectorSpec", "EngineSpec", "IndexSpec", "RedisSpec", "RouterSpec", "StackConfig"]
+__all__ = [
+    "ConnectorSpec",
+    "EngineLoRASpec",
+    "EngineSpec",
+    "IndexSpec",
+    "RedisSpec",
+    "RouterSpec",
+    "StackConfig",
+]
 
 
 class ConnectorSpec(Section):
@@ -39,6 +54,17 @@ class ConnectorSpec(Section):
     )
     extra: dict[str, Any] = Field(
         default_factory=dict, description="more kv_connector_extra_config keys"
+    )
+
+
+class EngineLoRASpec(Section):
+    max_loras: int = Field(default=4, ge=1, description="adapter slots on the GPU (--max-loras)")
+    max_cpu_loras: int = Field(
+        default=8, ge=1, description="adapters kept in host memory (--max-cpu-loras)"
+    )
+    max_lora_rank: int = Field(default=16, ge=1, description="--max-lora-rank")
+    base_model: str | None = Field(
+        default=None, description="registry name of the base model; None: the served model name"
     )
 
 
@@ -58,6 +84,9 @@ class EngineSpec(Section):
     )
     max_model_len: int = Field(default=8192, gt=0, description="context limit")
     kv_cache_space_gib: int = Field(default=1, ge=1, description="vLLM CPU KV cache (GiB)")
+    lora: EngineLoRASpec | None = Field(
+        default=None, description="LoRA adapter slots, driven by the stack's lora control plane"
+    )
     args: list[str] = Field(default_factory=list, description="extra engine command-line args")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment")
     start_timeout_s: float = Field(default=600.0, gt=0, description="time to become healthy")
@@ -92,6 +121,11 @@ class StackConfig(Section):
     router: RouterSpec | None = Field(default_factory=RouterSpec, description="None: no router")
     index: IndexSpec | None = Field(default=None, description="cluster KV index service")
     redis: RedisSpec | None = Field(default=None, description="a local redis-server")
+    lora: dict[str, Any] | None = Field(
+        default=None,
+        description="the router's adapter control plane (the kvstack `lora` section; strings "
+        "may use {run_dir}); None: no adapter management",
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> StackConfig:
@@ -100,4 +134,9 @@ class StackConfig(Section):
             raise ValueError(f"engine names must be unique, got {names}")
         if not self.engines:
             raise ValueError("a stack needs at least one engine")
+        if self.lora is not None:
+            if self.router is None:
+                raise ValueError("lora needs the router (it runs the adapter control plane)")
+            if not any(e.lora for e in self.engines):
+                raise ValueError("lora is set but no engine has lora slots (engines[].lora)")
         return self

@@ -8,6 +8,9 @@ adapters, ``max_lora``); the router side from its own in-flight requests, which 
 before any scrape does. When the LoRA control plane is wired in as the ``lora`` service
 (``kvstack.lora``: ``manager.residency(url, adapter)``, ``manager.free_hot_slots(url)``), its
 residency is used too: hot counts as active, warm (host memory) scores ``warm``.
+Requests the control plane resolved (:mod:`kvstack.router.adapters`; they target the base
+model) are scored by the manager alone: hot > loading > warm > the adapter's rendezvous home
+among cold engines (:func:`kvstack.lora.affinity.affinity_scores`).
 Base-model requests score 1.0 everywhere (no preference).
 """
 
@@ -17,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from kvstack.router.adapters import ADAPTER_KEY
 from kvstack.router.backends import BackendView
 from kvstack.router.plugins.base import PluginContext, Scorer, ScoreResult
 from kvstack.router.request import RoutingRequest
@@ -38,11 +42,20 @@ class LoRAAffinityScorer(Scorer):
         self._in_flight: Counter[tuple[str, str]] = Counter()
 
     def score(self, request: RoutingRequest, backends: Sequence[BackendView]) -> ScoreResult:
+        resolution = request.scratch.get(ADAPTER_KEY)
+        if resolution is not None:
+            return self._managed(resolution.engine_name, backends)
         adapter = request.target
         if not any(adapter in b.adapters for b in backends):
             return ScoreResult(dict.fromkeys((b.id for b in backends), 1.0), "base_model")
         scores = {b.id: self._affinity(adapter, b) for b in backends}
         return ScoreResult(scores, details={i: f"{s:.1f}" for i, s in scores.items()})
+
+    def _managed(self, adapter: str, backends: Sequence[BackendView]) -> ScoreResult:
+        lora: Any = self.context.services["lora"]
+        by_url = lora.manager.affinity(adapter, [b.url.rstrip("/") for b in backends])
+        scores = {b.id: by_url.get(b.url.rstrip("/"), 0.0) for b in backends}
+        return ScoreResult(scores, details={i: f"{s:.2f}" for i, s in scores.items()})
 
     def _affinity(self, adapter: str, backend: BackendView) -> float:
         mine = {a for (b, a), n in self._in_flight.items() if b == backend.id and n > 0}

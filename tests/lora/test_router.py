@@ -1,0 +1,260 @@
+"""The router with the adapter control plane in front of simulated engines with LoRA slots:
+names resolve through the registry, adapters load under budgets, affinity keeps an adapter on
+the engine where it is hot, canary and rollback take effect, tenants see only their adapters,
+and the admin API is served under the router's admin path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from pydantic import SecretStr
+
+from kvstack.lora.config import EngineSpec, RequestClassBudget, TenantPolicy
+from kvstack.lora.control import LoRAControl
+from kvstack.lora.driver import HTTPEngineDriver
+from kvstack.lora.plane import ControlPlane
+from kvstack.lora.residency import Tier
+from kvstack.router.adapters import AdapterGate, served_model
+from kvstack.router.config import AdaptersConfig
+from kvstack.router.request import parse_request
+from kvstack.router.router import Router
+from kvstack.router.server import build_server
+from kvstack.sim.config import SimConfig
+from kvstack.sim.server import FleetThread, fleet_specs
+from tests.conftest import free_port
+from tests.lora.adapters import synthetic_adapter
+from tests.router.conftest import router_config
+
+ADMIN_KEY = "admin-secret"
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[FleetThread]:
+    config = SimConfig(
+        model="toy-base",
+        enable_lora=True,
+        max_loras=2,
+        max_cpu_loras=4,
+        lora_load_s=0.02,
+        num_blocks=1024,
+        max_model_len=4096,
+    )
+    specs = fleet_specs(config, 1, free_port(), "127.0.0.1")
+    specs += fleet_specs(config, 1, free_port(), "127.0.0.1")
+    with FleetThread(specs) as f:
+        yield f
+
+
+def _register(
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+    adapter_id: str,
+    version: str = "1",
+    tenant: str = "acme",
+    tier: str = "gold",
+    seed: int = 0,
+) -> None:
+    src = synthetic_adapter(sources / f"{adapter_id}-{version}", seed=seed)
+    plane.register(str(src), adapter_id, version, "toy", tenant, tier, actor="test")
+    plane.sign(adapter_id, version, keypair[0], actor="test")
+
+
+def _control(
+    plane: ControlPlane, fleet: FleetThread, tmp_path: Path, **update: object
+) -> LoRAControl:
+    engines = [
+        EngineSpec(
+            url=url + "/",  # a trailing slash must not stop the router matching its backend
+            base_model="toy",
+            served_model_name="toy-base",
+            warm_dir=str(tmp_path / f"warm-{i}"),
+            gpu_slots=2,
+            host_slots=4,
+        )
+        for i, url in enumerate(fleet.urls)
+    ]
+    config = plane.config.model_copy(
+        update={
+            "engines": engines,
+            "tenants": {
+                "acme": TenantPolicy(allow_base_fallback=True),
+                "strict": TenantPolicy(allow_base_fallback=False),
+            },
+            "admin_key": SecretStr(ADMIN_KEY),
+            **update,
+        }
+    )
+    same = ControlPlane(config, plane.registry, plane.store, plane.verifier, plane.audit)
+    return LoRAControl(config, same, HTTPEngineDriver())
+
+
+async def test_requests_resolve_load_and_stay_where_the_adapter_is_hot(
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+    fleet: FleetThread,
+    tmp_path: Path,
+) -> None:
+    for i, name in enumerate(("support", "sales")):
+        _register(plane, sources, keypair, name, seed=i)
+    # Loads on the simulator take 20 ms: predicted so, they fit the interactive budget.
+    control = _control(plane, fleet, tmp_path, load_time_prior_s={"warm": 0.05, "cold": 0.2})
+    config = router_config(fleet.urls, adapters={"enabled": True})
+    router = Router(config, lora=control)
+    server = build_server(config, router)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "router exited during startup"
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{config.port}"
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    try:
+        backends = set()
+        for _ in range(4):
+            raw = await client.completions.with_raw_response.create(
+                model="support", prompt="hello there", max_tokens=4
+            )
+            assert raw.parse().model == "support@1"
+            assert "x-kvstack-adapter-fallback" not in raw.headers
+            backends.add(raw.headers["x-kvstack-backend"])
+        assert len(backends) == 1, f"an adapter hot on one engine moved: {backends}"
+        home = next(iter(backends))
+        engine_url = next(u for u in fleet.urls if u in home or home in u)
+        assert control.manager.residency(engine_url, "support@1") is Tier.HOT
+
+        stream = await client.completions.create(
+            model="sales", prompt="a stream", max_tokens=4, stream=True
+        )
+        models = {chunk.model async for chunk in stream}
+        assert models == {"sales@1"}
+
+        with pytest.raises(openai.NotFoundError, match="unknown version"):
+            await client.completions.create(model="support@7", prompt="x", max_tokens=2)
+
+        # Canary through the admin API at the router's admin path, then rollback.
+        _register(plane, sources, keypair, "support", version="2", seed=9)
+        async with httpx.AsyncClient(base_url=url) as http:
+            denied = await http.get("/admin/lora/adapters")
+            assert denied.status_code == 401
+            auth = {"authorization": f"Bearer {ADMIN_KEY}"}
+            listed = await http.get("/admin/lora/adapters", headers=auth)
+            assert {a["adapter_id"] for a in listed.json()["adapters"]} >= {"support", "sales"}
+            r = await http.post(
+                "/admin/lora/adapters/support/canary",
+                json={"version": "2", "percent": 100},
+                headers=auth,
+            )
+            assert r.status_code == 200, r.text
+            answer = await client.completions.create(model="support", prompt="hi", max_tokens=2)
+            assert answer.model == "support@2"
+            r = await http.post("/admin/lora/adapters/support/rollback", headers=auth)
+            assert r.status_code == 200, r.text
+            answer = await client.completions.create(model="support", prompt="hi", max_tokens=2)
+            assert answer.model == "support@1"
+        assert control.manager.metrics.invariants == {
+            "pinned_eviction": 0,
+            "wrong_version": 0,
+            "unverified_load": 0,
+        }
+    finally:
+        await client.close()
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+async def test_budgets_fallback_reject_tenants_and_request_classes(
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+    fleet: FleetThread,
+    tmp_path: Path,
+) -> None:
+    _register(plane, sources, keypair, "shared-bot", tenant="acme", seed=3)
+    _register(plane, sources, keypair, "strict-bot", tenant="strict", seed=4)
+    # No cold load fits the interactive budget (the prior predicts 3 s): fallback or 503.
+    classes = {
+        "interactive": RequestClassBudget(cold_start_budget_s=0.5),
+        "background": RequestClassBudget(max_concurrent_cold_loads=2, on_over_budget="reject"),
+    }
+    control = _control(plane, fleet, tmp_path, request_classes=classes)
+    keys = [{"key": "k-acme", "tenant": "acme"}, {"key": "k-strict", "tenant": "strict"}]
+    config = router_config(fleet.urls, adapters={"enabled": True}, auth={"api_keys": keys})
+    server = build_server(config, Router(config, lora=control))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        assert not task.done(), "router exited during startup"
+        await asyncio.sleep(0.01)
+    url = f"http://127.0.0.1:{config.port}/v1"
+    acme = openai.AsyncOpenAI(base_url=url, api_key="k-acme", max_retries=0)
+    strict = openai.AsyncOpenAI(base_url=url, api_key="k-strict", max_retries=0)
+    try:
+        raw = await acme.completions.with_raw_response.create(
+            model="shared-bot", prompt="hello", max_tokens=2
+        )
+        assert raw.parse().model == "toy-base"  # the base model answered
+        assert raw.headers["x-kvstack-adapter-fallback"].startswith("base; adapter=shared-bot@1")
+
+        with pytest.raises(openai.APIStatusError) as refused:
+            await strict.completions.create(model="strict-bot", prompt="hello", max_tokens=2)
+        assert refused.value.status_code == 503
+        assert int(refused.value.response.headers["retry-after"]) >= 1
+
+        # Each refusal started a prewarm: soon both adapters are hot somewhere and served.
+        async def hot(name: str) -> bool:
+            return any(control.manager.residency(u, name) is Tier.HOT for u in fleet.urls)
+
+        for _ in range(200):
+            if await hot("shared-bot@1") and await hot("strict-bot@1"):
+                break
+            await asyncio.sleep(0.05)
+        answer = await strict.completions.create(model="strict-bot", prompt="hi", max_tokens=2)
+        assert answer.model == "strict-bot@1"
+
+        # Another tenant's adapter does not exist for this key.
+        with pytest.raises(openai.NotFoundError, match="does not exist"):
+            await strict.completions.create(model="shared-bot", prompt="hi", max_tokens=2)
+        with pytest.raises(openai.BadRequestError, match="x-kvstack-request-class"):
+            await acme.completions.create(
+                model="shared-bot",
+                prompt="hi",
+                max_tokens=2,
+                extra_headers={"x-kvstack-request-class": "urgent"},
+            )
+        # Base-model requests are untouched by the control plane.
+        base = await acme.completions.create(model="toy-base", prompt="hi", max_tokens=2)
+        assert base.model == "toy-base"
+    finally:
+        await acme.close()
+        await strict.close()
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+def test_resolution_sets_target_priority_and_tenant_checks(
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+    fleet: FleetThread,
+    tmp_path: Path,
+) -> None:
+    _register(plane, sources, keypair, "vip", tier="platinum", seed=5)
+    control = _control(plane, fleet, tmp_path)
+    control.resolver.refresh()
+    gate = AdapterGate(control, AdaptersConfig(enabled=True))
+    request = parse_request("completions", b'{"model": "vip", "prompt": "x"}', {})
+    resolved, _ = gate.resolve(request, b"")
+    assert (resolved.model, resolved.target, resolved.priority) == ("vip", "toy-base", "critical")
+    explicit = parse_request(
+        "completions", b'{"model": "vip", "prompt": "x"}', {"x-kvstack-priority": "sheddable"}
+    )
+    assert gate.resolve(explicit, b"")[0].priority == "sheddable"
+    base = parse_request("completions", b'{"model": "toy-base", "prompt": "x"}', {})
+    assert gate.resolve(base, b"")[0] is base
+    assert served_model(b'data: {"id":"c","object":"x","model":"vip@1","choices":[]}') == "vip@1"
+    assert served_model(b"not json") is None
