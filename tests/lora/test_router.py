@@ -21,6 +21,7 @@ from kvstack.lora.plane import ControlPlane
 from kvstack.lora.residency import Tier
 from kvstack.router.adapters import AdapterGate, served_model
 from kvstack.router.config import AdaptersConfig
+from kvstack.router.prompts import PromptRenderer
 from kvstack.router.request import parse_request
 from kvstack.router.router import Router
 from kvstack.router.server import build_server
@@ -250,6 +251,15 @@ def test_resolution_sets_target_priority_and_tenant_checks(
     request = parse_request("completions", b'{"model": "vip", "prompt": "x"}', {})
     resolved, _ = gate.resolve(request, b"")
     assert (resolved.model, resolved.target, resolved.priority) == ("vip", "toy-base", "critical")
+    # The prefix index keeps the adapter's KV apart from the base model's.
+    renderer = PromptRenderer()
+    assert renderer.render(resolved, []).namespace.adapter == "vip@1"
+    assert (
+        renderer.render(
+            parse_request("completions", b'{"model": "toy-base", "prompt": "x"}', {}), []
+        ).namespace.adapter
+        == ""
+    )
     explicit = parse_request(
         "completions", b'{"model": "vip", "prompt": "x"}', {"x-kvstack-priority": "sheddable"}
     )

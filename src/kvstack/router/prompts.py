@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvstack.index.radix import Namespace
+from kvstack.router.adapters import ADAPTER_KEY
 from kvstack.router.backends import BackendView
 from kvstack.router.config_scheduling import PrefixConfig
 from kvstack.router.request import RoutingRequest
@@ -32,6 +33,17 @@ class PromptTokens:
     tokens: list[int]
     namespace: Namespace
     exact: bool  # the engine's own ids: KV events and shared tiers can match them
+
+
+def _base_and_adapter(
+    request: RoutingRequest, backends: Sequence[BackendView]
+) -> tuple[str, str]:
+    """A request resolved by the adapter control plane targets its base model; its KV lives
+    under the adapter's engine-side name (``adapter_id@version``), as vLLM's events name it."""
+    resolution = request.scratch.get(ADAPTER_KEY)
+    if resolution is not None:
+        return request.target, str(resolution.engine_name)
+    return split_target(request.target, backends)
 
 
 def split_target(target: str, backends: Sequence[BackendView]) -> tuple[str, str]:
@@ -67,7 +79,7 @@ class PromptRenderer:
         """Render ``request`` into ``request.scratch`` (a worker thread for long prompts)."""
         if SCRATCH_KEY in request.scratch:
             return
-        base, adapter = split_target(request.target, backends)
+        base, adapter = _base_and_adapter(request, backends)
         tokenizer = self.tokenizer(base)
         if len(request.text) > tokenizer.inline_chars:
             rendered = await asyncio.to_thread(self._render, request, base, adapter, tokenizer)
@@ -79,7 +91,7 @@ class PromptRenderer:
         """The rendered prompt (memoized; rendered here, on the caller's thread, if needed)."""
         rendered: PromptTokens | None = request.scratch.get(SCRATCH_KEY)
         if rendered is None:
-            base, adapter = split_target(request.target, backends)
+            base, adapter = _base_and_adapter(request, backends)
             rendered = self._render(request, base, adapter, self.tokenizer(base))
             request.scratch[SCRATCH_KEY] = rendered
         return rendered
