@@ -35,9 +35,7 @@ class PromptTokens:
     exact: bool  # the engine's own ids: KV events and shared tiers can match them
 
 
-def _base_and_adapter(
-    request: RoutingRequest, backends: Sequence[BackendView]
-) -> tuple[str, str]:
+def _base_and_adapter(request: RoutingRequest, backends: Sequence[BackendView]) -> tuple[str, str]:
     """A request resolved by the adapter control plane targets its base model; its KV lives
     under the adapter's engine-side name (``adapter_id@version``), as vLLM's events name it."""
     resolution = request.scratch.get(ADAPTER_KEY)
