@@ -24,6 +24,7 @@ from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
 from kvstack.integrations.vllm.lookup import LookupServer, lookup_endpoint
 from kvstack.integrations.vllm.scheduler import KVStackMetadata
 from kvstack.integrations.vllm.stats import TIER_COUNTERS, KVStackStats
+from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
 
@@ -52,6 +53,16 @@ class WorkerSide:
         self.rank = rank
         self.sync_save = sync_save
         self.blocks_per_chunk = kv.chunk_size // layout.block_size
+        if _on_cpu_build():
+            # The worker is bound to the cores the model computes on: tier writers, lookups
+            # and peer threads run on the others (the scheduler's), as NIXL's transfers do.
+            reserve_background_cpus()
+        with starting_background_threads():
+            self._start(kv, engine_id, rank, events, index)
+
+    def _start(
+        self, kv: KVConfig, engine_id: str, rank: int, events: bool, index: IndexConfig | None
+    ) -> None:
         # Imported here, not at module level: vLLM's API server process imports this module to
         # find the connector class, and must not register the cache's (idle) metrics there.
         from kvstack.kv.cache import KVCache
@@ -206,3 +217,11 @@ class WorkerSide:
             self.cluster.close()
         self.server.close()
         self.cache.close()
+
+
+def _on_cpu_build() -> bool:
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:  # unit tests drive the worker side without vLLM
+        return False
+    return bool(current_platform.is_cpu())

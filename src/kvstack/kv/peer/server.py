@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvstack.index.config import PeerServerConfig
+from kvstack.kv.affinity import enter_background
 from kvstack.kv.format import encode_header
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.peer import protocol as p
@@ -58,7 +59,7 @@ class PeerServer:
         self._streams = 0
         self._headers: OrderedDict[tuple[ChunkKey, str, tuple[int, ...]], bytes] = OrderedDict()
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="kvstack-peer-io")
+        self._pool = ThreadPoolExecutor(4, "kvstack-peer-io", enter_background)
         self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

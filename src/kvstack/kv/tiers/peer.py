@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kvstack.errors import ConfigError, TierError
+from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.peer.client import PeerClient, parse_address
 from kvstack.kv.remote.breaker import CircuitBreaker
@@ -81,7 +82,7 @@ class PeerTier(Tier):
         self._lock = threading.Lock()
         self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
-        self._verify = ThreadPoolExecutor(2, thread_name_prefix=f"kvstack-{name}-verify")
+        self._verify = ThreadPoolExecutor(2, f"kvstack-{name}-verify", enter_background)
 
     @classmethod
     def from_url(cls, url: TierURL, name: str = "peer") -> PeerTier:

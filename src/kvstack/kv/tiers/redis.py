@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kvstack.errors import TierError
+from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.remote import redis_io
 from kvstack.kv.remote.breaker import CircuitBreaker
@@ -54,8 +55,8 @@ class RedisTier(Tier):
         self._breaker = CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s)
         self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
-        self._pool = ThreadPoolExecutor(8, thread_name_prefix=f"kvstack-{name}-io")
-        self._verify = ThreadPoolExecutor(2, thread_name_prefix=f"kvstack-{name}-verify")
+        self._pool = ThreadPoolExecutor(8, f"kvstack-{name}-io", enter_background)
+        self._verify = ThreadPoolExecutor(2, f"kvstack-{name}-verify", enter_background)
         self._writer = BackgroundWriter(
             name,
             self._write_jobs,

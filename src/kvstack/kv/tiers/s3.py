@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from kvstack.errors import ChunkFormatError, TierError, require
+from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.remote import s3_io
 from kvstack.kv.remote.breaker import CircuitBreaker
@@ -65,8 +66,12 @@ class S3Tier(Tier):
         self._breaker = CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s)
         self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
-        self._keys_pool = ThreadPoolExecutor(options.threads, f"kvstack-{name}-get")
-        self._range_pool = ThreadPoolExecutor(options.threads, f"kvstack-{name}-range")
+        self._keys_pool = ThreadPoolExecutor(
+            options.threads, f"kvstack-{name}-get", enter_background
+        )
+        self._range_pool = ThreadPoolExecutor(
+            options.threads, f"kvstack-{name}-range", enter_background
+        )
         self._known = KnownKeys()
         self._bucket_checked = not options.create_bucket
         self._writer = BackgroundWriter(
