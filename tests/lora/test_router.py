@@ -6,6 +6,7 @@ and the admin API is served under the router's admin path."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import openai
 import pytest
 from pydantic import SecretStr
 
+from kvstack.errors import RequestError
 from kvstack.lora.config import EngineSpec, RequestClassBudget, TenantPolicy
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.driver import HTTPEngineDriver
@@ -264,6 +266,13 @@ def test_resolution_sets_target_priority_and_tenant_checks(
         "completions", b'{"model": "vip", "prompt": "x"}', {"x-kvstack-priority": "sheddable"}
     )
     assert gate.resolve(explicit, b"")[0].priority == "sheddable"
+    other = dataclasses.replace(request, tenant="other")
+    with pytest.raises(RequestError, match="does not exist"):
+        gate.resolve(other, b"")
+    open_gate = AdapterGate(control, AdaptersConfig(enabled=True, tenant_isolation=False))
+    assert open_gate.resolve(other, b"")[0].target == "toy-base"
+    assert [e["id"] for e in gate.listed("other")] == []
+    assert [e["id"] for e in gate.listed(None)] == ["vip"]
     base = parse_request("completions", b'{"model": "toy-base", "prompt": "x"}', {})
     assert gate.resolve(base, b"")[0] is base
     assert served_model(b'data: {"id":"c","object":"x","model":"vip@1","choices":[]}') == "vip@1"

@@ -76,7 +76,7 @@ class AdapterGate:
         """``/v1/models`` entries of the registry's adapters (the tenant's own, if given)."""
         entries = []
         for adapter in self.control.resolver.current_versions():
-            if tenant is not None and adapter.tenant_id != tenant:
+            if not self._visible(adapter.tenant_id, tenant):
                 continue
             release = self.control.resolver.release(adapter.adapter_id)
             if release is None or release.stable_version != adapter.version:
@@ -101,12 +101,16 @@ class AdapterGate:
             raise RequestError(str(exc), 404, param="model", code="model_not_found") from None
         if resolution is None:
             return None
-        if request.tenant is not None and resolution.tenant_id != request.tenant:
+        if not self._visible(resolution.tenant_id, request.tenant):
             # Another tenant's adapter: answered exactly like a name that does not exist.
             raise RequestError(
                 f"the model {request.target!r} does not exist", 404, "model", "model_not_found"
             )
         return resolution
+
+    def _visible(self, owner: str, tenant: str | None) -> bool:
+        """Whether a client of ``tenant`` (None: no API keys) may use an adapter of ``owner``."""
+        return not self.config.tenant_isolation or tenant is None or owner == tenant
 
     def base_model_name(self, resolution: Resolution) -> str:
         """The name engines serve the adapter's base model under."""

@@ -258,6 +258,11 @@ class AdaptersConfig(Section):
     admin_path: str = Field(
         default="/admin/lora", description="where the adapter admin API is served (admin key)"
     )
+    tenant_isolation: bool = Field(
+        default=True,
+        description="an API key sees only its tenant's adapters (a key without a tenant is "
+        "tenant 'default'); false: every key may use every adapter",
+    )
 
     @field_validator("request_class_header")
     @classmethod
