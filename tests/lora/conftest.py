@@ -18,6 +18,9 @@ from kvstack.lora.resolver import Resolver
 from kvstack.lora.signing import TrustedKeys, generate_keypair
 from kvstack.lora.store.dir import DirStore
 from kvstack.lora.verify import Verifier
+from kvstack.sim.config import SimConfig
+from kvstack.sim.server import FleetThread, fleet_specs
+from tests.conftest import free_port
 from tests.lora.adapters import TINY_DIMS, synthetic_adapter
 from tests.lora.fakes import FakeDriver, ManualClock
 
@@ -238,3 +241,22 @@ def make_setup(plane: ControlPlane, sources: Path, tmp_path: Path) -> Callable[.
         return Setup(plane, manager, driver, clock, sources)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[FleetThread]:
+    """Two simulated engines with LoRA slots (2 hot, 4 host), serving ``toy-base``."""
+    config = SimConfig(
+        model="toy-base",
+        enable_lora=True,
+        max_loras=2,
+        max_cpu_loras=4,
+        lora_load_s=0.02,
+        num_blocks=1024,
+        max_model_len=4096,
+    )
+    base = free_port()
+    specs = fleet_specs(config, 1, base, "127.0.0.1")
+    specs += fleet_specs(config, 1, free_port(), "127.0.0.1")
+    with FleetThread(specs) as f:
+        yield f

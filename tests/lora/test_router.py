@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -26,31 +25,11 @@ from kvstack.router.config import AdaptersConfig
 from kvstack.router.prompts import PromptRenderer
 from kvstack.router.request import parse_request
 from kvstack.router.router import Router
-from kvstack.router.server import build_server
-from kvstack.sim.config import SimConfig
-from kvstack.sim.server import FleetThread, fleet_specs
-from tests.conftest import free_port
+from kvstack.sim.server import FleetThread
 from tests.lora.adapters import synthetic_adapter
-from tests.router.conftest import router_config
+from tests.router.conftest import router_config, serve_router
 
 ADMIN_KEY = "admin-secret"
-
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[FleetThread]:
-    config = SimConfig(
-        model="toy-base",
-        enable_lora=True,
-        max_loras=2,
-        max_cpu_loras=4,
-        lora_load_s=0.02,
-        num_blocks=1024,
-        max_model_len=4096,
-    )
-    specs = fleet_specs(config, 1, free_port(), "127.0.0.1")
-    specs += fleet_specs(config, 1, free_port(), "127.0.0.1")
-    with FleetThread(specs) as f:
-        yield f
 
 
 def _register(
@@ -109,13 +88,18 @@ async def test_requests_resolve_load_and_stay_where_the_adapter_is_hot(
     # Loads on the simulator take 20 ms: predicted so, they fit the interactive budget.
     control = _control(plane, fleet, tmp_path, load_time_prior_s={"warm": 0.05, "cold": 0.2})
     config = router_config(fleet.urls, adapters={"enabled": True})
-    router = Router(config, lora=control)
-    server = build_server(config, router)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "router exited during startup"
-        await asyncio.sleep(0.01)
-    url = f"http://127.0.0.1:{config.port}"
+    async with serve_router(config, Router(config, lora=control)) as running:
+        await _resolve_load_affinity_canary(running.url, control, fleet, plane, sources, keypair)
+
+
+async def _resolve_load_affinity_canary(
+    url: str,
+    control: LoRAControl,
+    fleet: FleetThread,
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+) -> None:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
     try:
         backends = set()
@@ -167,8 +151,6 @@ async def test_requests_resolve_load_and_stay_where_the_adapter_is_hot(
         }
     finally:
         await client.close()
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 async def test_budgets_fallback_reject_tenants_and_request_classes(
@@ -188,12 +170,11 @@ async def test_budgets_fallback_reject_tenants_and_request_classes(
     control = _control(plane, fleet, tmp_path, request_classes=classes)
     keys = [{"key": "k-acme", "tenant": "acme"}, {"key": "k-strict", "tenant": "strict"}]
     config = router_config(fleet.urls, adapters={"enabled": True}, auth={"api_keys": keys})
-    server = build_server(config, Router(config, lora=control))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "router exited during startup"
-        await asyncio.sleep(0.01)
-    url = f"http://127.0.0.1:{config.port}/v1"
+    async with serve_router(config, Router(config, lora=control)) as running:
+        await _budgets_tenants_classes(f"{running.url}/v1", control, fleet)
+
+
+async def _budgets_tenants_classes(url: str, control: LoRAControl, fleet: FleetThread) -> None:
     acme = openai.AsyncOpenAI(base_url=url, api_key="k-acme", max_retries=0)
     strict = openai.AsyncOpenAI(base_url=url, api_key="k-strict", max_retries=0)
     try:
@@ -235,8 +216,6 @@ async def test_budgets_fallback_reject_tenants_and_request_classes(
     finally:
         await acme.close()
         await strict.close()
-        server.should_exit = True
-        await asyncio.wait_for(task, 10)
 
 
 def test_resolution_sets_target_priority_and_tenant_checks(

@@ -3,38 +3,17 @@ over HTTP: the same driver and endpoints as vLLM, cheap enough for two engines."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import openai
-import pytest
 
 from kvstack.lora.decision import Action
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.residency import Tier
 from kvstack.lora.upkeep import reconcile
-from kvstack.sim.config import SimConfig
-from kvstack.sim.server import FleetThread, fleet_specs
-from tests.conftest import free_port
+from kvstack.sim.server import FleetThread
 from tests.lora.conftest import Setup
-
-
-@pytest.fixture(scope="module")
-def fleet() -> Iterator[FleetThread]:
-    config = SimConfig(
-        model="toy-base",
-        enable_lora=True,
-        max_loras=2,
-        max_cpu_loras=4,
-        lora_load_s=0.02,
-        num_blocks=1024,
-        max_model_len=4096,
-    )
-    base = free_port()
-    specs = fleet_specs(config, 1, base, "127.0.0.1")
-    specs += fleet_specs(config, 1, free_port(), "127.0.0.1")
-    with FleetThread(specs) as f:
-        yield f
 
 
 async def test_manager_over_simulated_engines(

@@ -28,11 +28,10 @@ from kvstack.lora.store.dir import DirStore
 from kvstack.lora.upkeep import reconcile, sync_releases
 from kvstack.lora.verify import Verifier
 from kvstack.router.router import Router
-from kvstack.router.server import build_server
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
 from tests.lora.adapters import peft_adapter
-from tests.router.conftest import router_config
+from tests.router.conftest import router_config, serve_router
 
 pytestmark = pytest.mark.vllm
 PROMPT = "the cache of the router and the adapter"
@@ -237,14 +236,12 @@ async def test_router_resolves_and_loads_adapters_on_a_real_engine(
     same = ControlPlane(config, plane.registry, plane.store, plane.verifier, plane.audit)
     control = LoRAControl(config, same, HTTPEngineDriver())
     router_cfg = router_config([engine.url], adapters={"enabled": True}, timeouts={"total_s": 300})
-    server = build_server(router_cfg, Router(router_cfg, lora=control))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        assert not task.done(), "router exited during startup"
-        await asyncio.sleep(0.01)
-    via_router = openai.AsyncOpenAI(
-        base_url=f"http://127.0.0.1:{router_cfg.port}/v1", api_key="unused", max_retries=0
-    )
+    async with serve_router(router_cfg, Router(router_cfg, lora=control)) as running:
+        await _through_router(f"{running.url}/v1", engine, control)
+
+
+async def _through_router(url: str, engine: VLLMServer, control: LoRAControl) -> None:
+    via_router = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0)
     direct = openai.AsyncOpenAI(base_url=f"{engine.url}/v1", api_key="unused")
     try:
         listed = {m.id for m in (await via_router.models.list()).data}
@@ -268,5 +265,3 @@ async def test_router_resolves_and_loads_adapters_on_a_real_engine(
     finally:
         await via_router.close()
         await direct.close()
-        server.should_exit = True
-        await asyncio.wait_for(task, 30)

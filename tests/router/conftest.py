@@ -40,8 +40,11 @@ class RunningRouter:
 
 
 @asynccontextmanager
-async def serve_router(config: RouterConfig) -> AsyncIterator[RunningRouter]:
-    router = Router(config)
+async def serve_router(
+    config: RouterConfig, router: Router | None = None
+) -> AsyncIterator[RunningRouter]:
+    """Serve ``router`` (default: one built from ``config``) until the block ends."""
+    router = router or Router(config)
     server = build_server(config, router)
     task = asyncio.create_task(server.serve())
     while not server.started:
