@@ -121,7 +121,7 @@ def test_kv_usage_steers_away_from_a_full_backend() -> None:
 
 def test_learning_from_first_tokens_of_streams_only() -> None:
     ctx = context()
-    pipeline = ttft_pipeline(ctx)
+    pipeline = ttft_pipeline(ctx, learn=True)
     scorer = pipeline.scorers[0].scorer
     a = backend("a")
     for stream in (False, True):
@@ -132,6 +132,18 @@ def test_learning_from_first_tokens_of_streams_only() -> None:
     from kvstack.router.services import cost_model
 
     assert cost_model(ctx).fleet.samples == 1
+
+
+def test_learning_is_opt_in() -> None:
+    ctx = context()
+    scorer = ttft_pipeline(ctx).scorers[0].scorer
+    a, req = backend("a"), request("x", stream=True)
+    scorer.score(req, [a])
+    scorer.on_dispatch(req, a)  # type: ignore[attr-defined]
+    scorer.on_first_token(req, a, 5.0)  # type: ignore[attr-defined]
+    from kvstack.router.services import cost_model
+
+    assert cost_model(ctx).fleet.samples == 0
 
 
 def test_bad_scorer_args_are_config_errors() -> None:
