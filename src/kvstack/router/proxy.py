@@ -141,7 +141,7 @@ class Proxy:
         if self.adapters is not None:
             candidates = self.adapters.candidates(request, candidates)
         if self.pd is not None and self.pd.applies(request):
-            candidates = decode_candidates(everyone)
+            candidates = decode_candidates(candidates)
             if not candidates:
                 raise NoBackendError(f"no decode backend serves the PD model {request.target!r}")
         return self.pipeline.decide(request, candidates)
