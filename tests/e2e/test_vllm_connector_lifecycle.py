@@ -62,28 +62,38 @@ def test_kvstack_serves_only_what_vllm_no_longer_holds(engine: VLLMServer) -> No
 
 
 def test_preemption_with_loaded_prompts(engine: VLLMServer) -> None:
-    """Four requests whose prompts come from kvstack outgrow the KV budget and get preempted.
+    """Three requests whose prompts come from kvstack outgrow the KV budget and get preempted.
 
-    Before any preemption can happen (the four requests together still fit the 48 blocks),
-    answers equal the unhurried ones token for token: the loaded KV is right under concurrency.
-    After preemption, vLLM 0.32 itself no longer answers bit-identically whenever *any* KV
-    connector is configured (a no-op connector shows the same late divergence), so past that
-    point the test asserts that every request completes in full.
+    Each grows to 4000 tokens (32 of the 48 blocks), so any two of them running side by side for
+    a while must preempt: the test does not depend on the three arriving in the same step.
+    Before any preemption can happen (the three together still fit the 48 blocks up to 1048
+    generated tokens each), answers equal the unhurried ones token for token: the loaded KV is
+    right under concurrency. After preemption, vLLM 0.32 itself no longer answers
+    bit-identically whenever *any* KV connector is configured (a no-op connector shows the same
+    late divergence), so past that point the test asserts that every request completes in full.
     """
-    prompts = [prompt(1000, seed=10 + i) for i in range(4)]
-    alone = [complete(engine, p, max_tokens=900, ignore_eos=True) for p in prompts]
+    safe, total = 1024, 3000  # 3 x (1000 + 1048) tokens = 48 x 128: no preemption before `safe`
+    prompts = [prompt(1000, seed=10 + i) for i in range(3)]
+    # Greedy decoding: the first `safe` tokens do not depend on max_tokens.
+    alone = [complete(engine, p, max_tokens=safe, ignore_eos=True) for p in prompts]
     reset_prefix_cache(engine)
     preemptions = metric_total(engine, "vllm:num_preemptions_total")
     hits = metric_total(engine, HITS)
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        together = list(
-            pool.map(lambda p: complete(engine, p, max_tokens=900, ignore_eos=True), prompts)
-        )
-    assert metric_total(engine, "vllm:num_preemptions_total") > preemptions, "no preemption"
-    assert wait_metric(engine, HITS, hits + 4 * 768) >= hits + 4 * 768  # all prompts loaded
-    assert [len(t) for t in together] == [900] * 4
-    safe = 256  # 4 x (1000 + 256) tokens < 48 x 128: no preemption before this point
-    assert [t[:safe] for t in together] == [a[:safe] for a in alone]
+    start = time.monotonic()
+
+    def timed(tokens: list[int]) -> tuple[list[int], float]:
+        out = complete(engine, tokens, max_tokens=total, ignore_eos=True)
+        return out, time.monotonic() - start
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(timed, prompts))
+    together = [out for out, _ in results]
+    finished = [round(at, 1) for _, at in results]
+    preempted = wait_metric(engine, "vllm:num_preemptions_total", preemptions + 1, timeout_s=5)
+    assert preempted > preemptions, f"no preemption (requests finished at {finished} s)"
+    assert wait_metric(engine, HITS, hits + 3 * 768) >= hits + 3 * 768  # all prompts loaded
+    assert [len(t) for t in together] == [total] * 3
+    assert [t[:safe] for t in together] == alone
 
 
 def test_disconnected_clients_leave_no_connector_state(engine: VLLMServer) -> None:

@@ -130,7 +130,10 @@ class SimEngine:
         self._wake.clear()
         if not self.scheduler.has_work():
             await self._wake.wait()
-            return self.clock.now()
+            # The step starts at the arrival, as in an engine that never sleeps; a wake-up later
+            # than catch_up_wall_s after it is this machine's delay and counts as lag.
+            arrival = self.scheduler.next_arrival()
+            return self.clock.now() if arrival is None else self._next_start(arrival)
         arrival = self.scheduler.next_arrival()
         if arrival is not None and arrival > start:  # catching up: jump to that arrival
             return arrival
