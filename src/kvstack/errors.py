@@ -15,6 +15,8 @@
      │    └── RequestError                the client's request is refused (an HTTP 4xx)
      │         ├── AuthenticationError    a missing or unknown API key (401)
      │         └── UnknownModelError      no route and no backend serves the model (404)
+     ├── IndexServiceError                the index service refused or failed a request (over ZMQ)
+     │    └── IndexTimeoutError (TimeoutError)  no answer within the client's timeout
      ├── LoRAError
      │    ├── RegistryError               unknown adapter or version, invalid registry state
      │    ├── VerificationError           an artifact failed a check; ``reason`` says which
@@ -34,6 +36,8 @@ __all__ = [
     "ChunkFormatError",
     "ColdStartError",
     "ConfigError",
+    "IndexServiceError",
+    "IndexTimeoutError",
     "KVError",
     "KVStackError",
     "LoRAError",
@@ -141,6 +145,22 @@ class UnknownModelError(RequestError):
             code="model_not_found",
         )
         self.known = known
+
+
+class IndexServiceError(KVStackError):
+    """The index service answered a request with an error; ``status`` is ``"400"`` (the request
+    is invalid; the message names the problem) or ``"500"`` (the server failed)."""
+
+    def __init__(self, message: str, status: str = "400") -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class IndexTimeoutError(IndexServiceError, TimeoutError):
+    """The index service did not answer within the client's timeout."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, "timeout")
 
 
 class LoRAError(KVStackError):

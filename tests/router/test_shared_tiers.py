@@ -27,9 +27,9 @@ TOKENS = list(range(100, 100 + 8 * CHUNK))  # 8 chunks
 REDIS = "redis://cache:6379/0/kvstack:"
 
 
-@pytest.fixture
-def index_url() -> Iterator[str]:
-    server = IndexServerThread(IndexServiceConfig(port=free_port())).start()
+@pytest.fixture(params=["http", "zmq"])
+def index_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    server = IndexServerThread(IndexServiceConfig(port=free_port(), zmq_port=free_port())).start()
     try:
         keys = chunk_keys(TOKENS, KeyNamespace("m"), CHUNK)
         profile = KeyProfile(model="m", chunk_size=CHUNK)
@@ -41,7 +41,7 @@ def index_url() -> Iterator[str]:
                        stored={"cpu": keys[:6], "redis": keys[:3]})
         )  # fmt: skip
         client.close()
-        yield server.url
+        yield {"http": server.url, "zmq": server.zmq_url}[request.param]
     finally:
         server.stop()
 
@@ -69,8 +69,9 @@ async def test_local_and_shared_tiers_per_backend(index_url: str) -> None:
     assert credited_tokens(both, weights) == pytest.approx(2 * CHUNK + 0.75 * 4 * CHUNK)
 
 
-async def test_an_unreachable_index_costs_only_the_credit() -> None:
-    dead = f"http://127.0.0.1:{free_port()}"
+@pytest.mark.parametrize("scheme", ["http", "zmq"])
+async def test_an_unreachable_index_costs_only_the_credit(scheme: str) -> None:
+    dead = f"{scheme}://127.0.0.1:{free_port()}"
     lookup = SharedTierLookup(PrefixConfig(index_url=dead, index_timeout_s=0.5))
     await lookup.start()
     try:

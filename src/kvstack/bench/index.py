@@ -7,6 +7,8 @@ Lookup latency of the cluster KV index for a 128K-token prompt (512 chunks of 25
   index walk, no I/O;
 - ``http_msgpack``: ``kvstack index-server`` in its own process, asked by :class:`IndexClient`
   (msgpack, tokens as uint32 bytes) — what a router pays end to end on loopback;
+- ``zmq_msgpack``: the same server and lookups over its ZMQ endpoint (``zmq://``, same
+  messages); the socket I/O runs on libzmq's thread, so its ``cpu`` figures count less of it;
 - ``http_json``: the same over JSON with a token list (the friendly form; decoding 128K JSON
   ints is most of its cost).
 
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import numpy as np
 
 from kvstack.index.client import IndexClient, lookup_request
@@ -130,10 +133,10 @@ def in_process(num_entries: int, lookups: int) -> tuple[dict[str, float], int]:
     return timed(lookups, lambda: state.lookup(request)), len(state.index)
 
 
-def over_http(num_entries: int, lookups: int) -> dict[str, dict[str, float]]:
-    port = _free_port()
+def over_server(num_entries: int, lookups: int) -> dict[str, dict[str, float]]:
+    port, zmq_port = _free_port(), _free_port()
     argv = [sys.executable, "-m", "kvstack", "index-server", "--host", "127.0.0.1",
-            "--port", str(port)]  # fmt: skip
+            "--port", str(port), "--zmq-port", str(zmq_port)]  # fmt: skip
     env = {**os.environ, "KVSTACK_LOG_LEVEL": "WARNING"}
     server = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -141,35 +144,55 @@ def over_http(num_entries: int, lookups: int) -> dict[str, dict[str, float]]:
         _wait_healthy(url)
         client = IndexClient(url, timeout_s=60)
         feed(client.report, num_entries)
-        request = lookup_request("bench-8b", prompt())
-        tokens = prompt().tolist()
-        results = {"http_msgpack": timed(lookups, lambda: client.lookup(request))}
-        results["http_msgpack"]["server_mean_ms"] = _server_mean_ms(url)
-        with httpx.Client(base_url=url, timeout=60) as http:
-
-            def json_lookup() -> LookupReply:
-                body = http.post("/lookup", json={"model": "bench-8b", "tokens": tokens}).json()
-                import msgspec
-
-                return msgspec.convert(body, LookupReply)
-
-            results["http_json"] = timed(max(lookups // 5, 20), json_lookup)
         client.close()
-        return results
+        return {
+            "http_msgpack": _msgpack_lookups(url, url, lookups),
+            "zmq_msgpack": _msgpack_lookups(url, f"zmq://127.0.0.1:{zmq_port}", lookups),
+            "http_json": _json_lookups(url, max(lookups // 5, 20)),
+        }
     finally:
         server.terminate()
         server.wait(timeout=30)
 
 
-def _server_mean_ms(url: str) -> float:
-    """Mean time the index server spent answering a lookup (its own histogram)."""
+def _msgpack_lookups(url: str, client_url: str, lookups: int) -> dict[str, float]:
+    """:class:`IndexClient` lookups through ``client_url``, with the mean time the server (at
+    ``url``) spent on each meanwhile (its own histogram)."""
+    client = IndexClient(client_url, timeout_s=60)
+    request = lookup_request("bench-8b", prompt())
+    try:
+        sum_before, count_before = _server_lookup_totals(url)
+        figures = timed(lookups, lambda: client.lookup(request))
+        sum_after, count_after = _server_lookup_totals(url)
+    finally:
+        client.close()
+    count = count_after - count_before
+    figures["server_mean_ms"] = 1000 * (sum_after - sum_before) / count if count else 0.0
+    return figures
+
+
+def _json_lookups(url: str, lookups: int) -> dict[str, float]:
+    tokens = prompt().tolist()
+    with httpx.Client(base_url=url, timeout=60) as http:
+
+        def json_lookup() -> LookupReply:
+            body = http.post("/lookup", json={"model": "bench-8b", "tokens": tokens}).json()
+            return msgspec.convert(body, LookupReply)
+
+        return timed(lookups, json_lookup)
+
+
+def _server_lookup_totals(url: str) -> tuple[float, float]:
+    """Seconds spent answering lookups, and their number, so far."""
     values = {}
     for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
         name, _, value = line.partition(" ")
         if name in ("kvstack_index_lookup_seconds_sum", "kvstack_index_lookup_seconds_count"):
             values[name] = float(value)
-    count = values.get("kvstack_index_lookup_seconds_count", 0.0)
-    return 1000 * values.get("kvstack_index_lookup_seconds_sum", 0.0) / count if count else 0.0
+    return (
+        values.get("kvstack_index_lookup_seconds_sum", 0.0),
+        values.get("kvstack_index_lookup_seconds_count", 0.0),
+    )
 
 
 def _free_port() -> int:
@@ -200,7 +223,9 @@ def run(argv: list[str]) -> int:
     )
     parser.add_argument("--entries", type=int, default=1_000_000, help="chunks indexed")
     parser.add_argument("--lookups", type=int, default=300, help="lookups per figure")
-    parser.add_argument("--no-http", action="store_true", help="skip the HTTP figures")
+    parser.add_argument(
+        "--no-http", action="store_true", help="skip the figures over HTTP and ZMQ (no server)"
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     local, entries = in_process(args.entries, args.lookups)
@@ -214,7 +239,7 @@ def run(argv: list[str]) -> int:
         "lookup_128k": {"in_process": local},
     }
     if not args.no_http:
-        result["lookup_128k"].update(over_http(args.entries, args.lookups))
+        result["lookup_128k"].update(over_server(args.entries, args.lookups))
     print(f"index lookup, {PROMPT_TOKENS // 1024}K-token prompt, {entries:,} chunks indexed, "
           f"{NUM_INSTANCES} engines:")  # fmt: skip
     print(f"  (load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; 'cpu' is the "

@@ -1,6 +1,6 @@
 """``kvstack index-server``: the cluster KV index service.
 
-    kvstack index-server [--host 0.0.0.0] [--port 8300] [--instance-ttl-s 30]
+    kvstack index-server [--host 0.0.0.0] [--port 8300] [--zmq-port 8301] [--instance-ttl-s 30]
 
 Flags override the ``index.service`` section of the YAML file named by ``KVSTACK_CONFIG`` and
 ``KVSTACK_INDEX_SERVICE__*`` environment variables.
@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="listen address (index.service.host)")
     p.add_argument("--port", type=int, help="listen port (index.service.port)")
+    p.add_argument(
+        "--zmq-port", type=int, help="also answer over ZMQ on this port (index.service.zmq_port)"
+    )
     p.add_argument("--instance-ttl-s", type=float, help="forget engines silent this long (seconds)")
     return p
 

@@ -1,11 +1,20 @@
 """Clients of the index service: blocking (engines' announcers, ``peer://`` tiers, benchmarks)
 and async (the router). Both speak msgpack; tokens travel as little-endian uint32 bytes, which
-the server decodes without building a Python int per token."""
+the server decodes without building a Python int per token.
+
+The URL picks the transport: ``http://host:port`` (or ``https://``) asks the HTTP routes,
+``zmq://host:port`` the server's ZMQ endpoint (``index.service.zmq_port``; lower latency,
+:mod:`kvstack.index.zmq_client`). Methods and answers are the same; a request the server refuses
+raises ``httpx.HTTPStatusError`` over HTTP and :class:`~kvstack.errors.IndexServiceError` (with
+the server's reason) over ZMQ, a timeout ``httpx.TimeoutException`` or
+:class:`~kvstack.errors.IndexTimeoutError` (a ``TimeoutError``).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import msgspec
@@ -19,6 +28,8 @@ from kvstack.index.protocol import (
     LookupReply,
     LookupRequest,
 )
+from kvstack.index.wire import SCHEME, check_index_url
+from kvstack.index.zmq_client import AsyncZmqTransport, ZmqTransport
 
 __all__ = ["AsyncIndexClient", "IndexClient", "lookup_request"]
 
@@ -42,41 +53,90 @@ def lookup_request(
     )
 
 
-def _decode(response: httpx.Response, kind: type[R]) -> R:
-    response.raise_for_status()
-    return msgspec.msgpack.decode(response.content, type=kind)
+class _Transport(Protocol):
+    def call(self, operation: str, body: bytes) -> bytes: ...
+
+    def close(self) -> None: ...
 
 
-class IndexClient:
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=_HEADERS)
+class _AsyncTransport(Protocol):
+    async def call(self, operation: str, body: bytes) -> bytes: ...
 
-    def report(self, batch: EventBatch) -> EventReply:
-        return _decode(
-            self._http.post("/events", content=msgspec.msgpack.encode(batch)), EventReply
-        )
+    async def aclose(self) -> None: ...
 
-    def lookup(self, request: LookupRequest) -> LookupReply:
-        body = msgspec.msgpack.encode(request)
-        return _decode(self._http.post("/lookup", content=body), LookupReply)
 
-    def locate(self, keys: Sequence[bytes], exclude: str = "") -> LocateReply:
-        body = msgspec.msgpack.encode(LocateRequest([bytes(k) for k in keys], exclude))
-        return _decode(self._http.post("/locate", content=body), LocateReply)
+class _HttpTransport:
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self._http = httpx.Client(base_url=url, timeout=timeout_s, headers=_HEADERS)
+
+    def call(self, operation: str, body: bytes) -> bytes:
+        response = self._http.post(f"/{operation}", content=body)
+        response.raise_for_status()
+        return response.content
 
     def close(self) -> None:
         self._http.close()
 
 
-class AsyncIndexClient:
-    def __init__(self, url: str, timeout_s: float = 0.5) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s, headers=_HEADERS)
+class _AsyncHttpTransport:
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout_s, headers=_HEADERS)
 
-    async def lookup(self, request: LookupRequest) -> LookupReply:
-        response = await self._http.post("/lookup", content=msgspec.msgpack.encode(request))
-        return _decode(response, LookupReply)
+    async def call(self, operation: str, body: bytes) -> bytes:
+        response = await self._http.post(f"/{operation}", content=body)
+        response.raise_for_status()
+        return response.content
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+
+def _is_zmq(url: str) -> bool:
+    return urlsplit(check_index_url(url)).scheme == SCHEME
+
+
+class IndexClient:
+    """Blocking; safe to share between threads."""
+
+    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+        self.url = url.rstrip("/")
+        self._transport: _Transport
+        if _is_zmq(self.url):
+            self._transport = ZmqTransport(self.url, timeout_s)
+        else:
+            self._transport = _HttpTransport(self.url, timeout_s)
+
+    def _ask(self, operation: str, message: Any, kind: type[R]) -> R:
+        body = self._transport.call(operation, msgspec.msgpack.encode(message))
+        return msgspec.msgpack.decode(body, type=kind)
+
+    def report(self, batch: EventBatch) -> EventReply:
+        return self._ask("events", batch, EventReply)
+
+    def lookup(self, request: LookupRequest) -> LookupReply:
+        return self._ask("lookup", request, LookupReply)
+
+    def locate(self, keys: Sequence[bytes], exclude: str = "") -> LocateReply:
+        return self._ask("locate", LocateRequest([bytes(k) for k in keys], exclude), LocateReply)
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class AsyncIndexClient:
+    """For one event loop; concurrent lookups are fine."""
+
+    def __init__(self, url: str, timeout_s: float = 0.5) -> None:
+        self.url = url.rstrip("/")
+        self._transport: _AsyncTransport
+        if _is_zmq(self.url):
+            self._transport = AsyncZmqTransport(self.url, timeout_s)
+        else:
+            self._transport = _AsyncHttpTransport(self.url, timeout_s)
+
+    async def lookup(self, request: LookupRequest) -> LookupReply:
+        body = await self._transport.call("lookup", msgspec.msgpack.encode(request))
+        return msgspec.msgpack.decode(body, type=LookupReply)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()

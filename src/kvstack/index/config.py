@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from kvstack.index.wire import check_index_url
 from kvstack.section import Section
 
 __all__ = [
@@ -32,6 +33,13 @@ def _check_host_port(value: str, what: str) -> str:
 class IndexServiceConfig(Section):
     host: str = Field(default="127.0.0.1", description="address the index server listens on")
     port: int = Field(default=8300, ge=0, le=65535, description="port of the index server")
+    zmq_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="also answer events, lookup and locate over ZMQ on this port (clients use "
+        "zmq://host:port; lower latency than HTTP); None: HTTP only",
+    )
     instance_ttl_s: float = Field(
         default=30.0,
         gt=0,
@@ -46,10 +54,18 @@ class IndexServiceConfig(Section):
         description="index entries cleaned per step after an instance leaves (bounds the pause)",
     )
 
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> IndexServiceConfig:
+        if self.zmq_port is not None and self.zmq_port == self.port:
+            raise ValueError(f"zmq_port must differ from port ({self.port}): both listen on TCP")
+        return self
+
 
 class AnnounceConfig(Section):
     index_url: str = Field(
-        default="", description="index server URL, e.g. http://index:8300; empty: do not announce"
+        default="",
+        description="index server URL, http://index:8300 or zmq://index:8301 (its zmq_port); "
+        "empty: do not announce",
     )
     instance_id: str = Field(
         default="", description="this engine's id in the index; empty: hostname:pid"
@@ -65,7 +81,7 @@ class AnnounceConfig(Section):
     heartbeat_s: float = Field(
         default=5.0, gt=0, description="report at least this often, even without events"
     )
-    timeout_s: float = Field(default=2.0, gt=0, description="HTTP timeout of one report")
+    timeout_s: float = Field(default=2.0, gt=0, description="timeout of one report")
     max_batch_keys: int = Field(
         default=65_536, gt=0, description="keys per report (a full sync is split into reports)"
     )
@@ -84,6 +100,11 @@ class AnnounceConfig(Section):
     @classmethod
     def _peer(cls, value: str) -> str:
         return _check_host_port(value, "announce.peer_address") if value else value
+
+    @field_validator("index_url")
+    @classmethod
+    def _index_url(cls, value: str) -> str:
+        return check_index_url(value) if value else value
 
 
 class PeerServerConfig(Section):

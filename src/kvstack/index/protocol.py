@@ -3,7 +3,9 @@
 Engines report with ``POST /events`` (msgpack :class:`EventBatch`, answered by
 :class:`EventReply`); routers ask ``POST /lookup`` (:class:`LookupRequest` →
 :class:`LookupReply`); peer tiers ask ``POST /locate`` (:class:`LocateRequest` →
-:class:`LocateReply`). Chunk keys are raw 16-byte strings in msgpack and base64 in JSON.
+:class:`LocateReply`). A refused request is answered :class:`ErrorReply`. Chunk keys are raw
+16-byte strings in msgpack and base64 in JSON. The same messages travel over ZMQ, in msgpack
+(:mod:`kvstack.index.wire`).
 
 Why HTTP batches rather than a ZMQ PUB stream for events: a report is answered, so an engine
 knows its events arrived and learns the index's *epoch* in the answer. An index that restarted
@@ -17,6 +19,7 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
+    "ErrorReply",
     "EventBatch",
     "EventReply",
     "InstanceMatch",
@@ -106,3 +109,7 @@ class LocateReply(msgspec.Struct):
     peers: list[str]  # engine ids
     addresses: list[str]  # their peer servers, host:port
     holders: list[list[int]]  # per key: indices into peers of engines holding it locally
+
+
+class ErrorReply(msgspec.Struct):
+    error: str  # what is wrong with the request, or why the server failed

@@ -44,6 +44,13 @@ class IndexServerThread:
     def url(self) -> str:
         return f"http://{self.config.host}:{self.config.port}"
 
+    @property
+    def zmq_url(self) -> str | None:
+        """``zmq://host:port`` when the server answers over ZMQ too."""
+        if self.config.zmq_port is None:
+            return None
+        return f"zmq://{self.config.host}:{self.config.zmq_port}"
+
     def _run(self) -> None:
         asyncio.run(self._server.serve())
 

@@ -8,6 +8,9 @@ request's format):
 - ``POST /locate`` — which engines lend each chunk (used by ``peer://`` tiers).
 - ``GET /instances``, ``GET /health``, ``GET /metrics``.
 
+With ``index.service.zmq_port`` set, the same operations (``events``, ``lookup``, ``locate``) are
+also answered over ZMQ (:mod:`kvstack.index.zmq_server`), on the same event loop.
+
 A background task expires silent engines and sweeps the index in bounded steps, yielding to
 requests in between.
 """
@@ -19,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -34,7 +37,10 @@ from kvstack.index.protocol import EventBatch, LocateRequest, LookupRequest
 from kvstack.index.state import IndexState
 from kvstack.metrics import counter, gauge, histogram
 
-__all__ = ["build_app"]
+if TYPE_CHECKING:
+    from kvstack.index.zmq_server import ZmqServer
+
+__all__ = ["REFUSED", "IndexService", "Operation", "build_app", "count_request"]
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")
@@ -61,16 +67,31 @@ def _encode(request: Request, value: Any) -> Response:
     return Response(msgspec.json.encode(value), media_type="application/json")
 
 
-def _handler(route: str, kind: type[M], answer: Callable[[M], Any]) -> Callable[[Request], Any]:
+# What a request may raise that makes it invalid (answered 400 with the message), not the server.
+REFUSED = (msgspec.DecodeError, msgspec.ValidationError, ConfigError, ValueError)
+
+
+class Operation(NamedTuple):
+    """A request type and what answers it: the same over HTTP and ZMQ."""
+
+    kind: type[Any]
+    answer: Callable[[Any], Any]
+
+
+def count_request(route: str, status: str) -> None:
+    _REQUESTS.labels(route, status).inc()
+
+
+def _handler(route: str, operation: Operation) -> Callable[[Request], Any]:
     async def handle(request: Request) -> Response:
         body = await request.body()
         try:
-            message = _decode(request, body, kind)
-            result = answer(message)
-        except (msgspec.DecodeError, msgspec.ValidationError, ConfigError, ValueError) as exc:
-            _REQUESTS.labels(route, "400").inc()
+            message = _decode(request, body, operation.kind)
+            result = operation.answer(message)
+        except REFUSED as exc:
+            count_request(route, "400")
             return JSONResponse({"error": str(exc)}, status_code=400)
-        _REQUESTS.labels(route, "200").inc()
+        count_request(route, "200")
         return _encode(request, result)
 
     return handle
@@ -82,6 +103,11 @@ class IndexService:
     def __init__(self, config: IndexServiceConfig) -> None:
         self.config = config
         self.state = IndexState(config.max_lookup_tokens)
+        self.operations = {
+            "events": Operation(EventBatch, self.on_events),
+            "lookup": Operation(LookupRequest, self.on_lookup),
+            "locate": Operation(LocateRequest, self.state.locate),
+        }
 
     def on_events(self, batch: EventBatch) -> Any:
         reply = self.state.apply(batch)
@@ -127,17 +153,19 @@ def build_app(config: IndexServiceConfig | None = None) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        zmq_server = _start_zmq(service)
         task = asyncio.create_task(service.maintain())
         log.info("index server up (epoch %s)", service.state.epoch)
         yield
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+        if zmq_server is not None:
+            await zmq_server.aclose()
 
+    operations = service.operations.items()
     routes = [
-        Route("/events", _handler("events", EventBatch, service.on_events), methods=["POST"]),
-        Route("/lookup", _handler("lookup", LookupRequest, service.on_lookup), methods=["POST"]),
-        Route("/locate", _handler("locate", LocateRequest, service.state.locate), methods=["POST"]),
+        *(Route(f"/{name}", _handler(name, op), methods=["POST"]) for name, op in operations),
         Route("/instances", instances),
         Route("/health", health),
         Route("/metrics", metrics),
@@ -145,3 +173,12 @@ def build_app(config: IndexServiceConfig | None = None) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.service = service
     return app
+
+
+def _start_zmq(service: IndexService) -> ZmqServer | None:
+    if service.config.zmq_port is None:
+        return None
+    # Imported here: it imports this module, and HTTP alone needs no pyzmq.
+    from kvstack.index.zmq_server import ZmqServer
+
+    return ZmqServer(service.operations, service.config.host, service.config.zmq_port).start()

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from kvstack.index.config import RadixConfig
+from kvstack.index.wire import check_index_url
 from kvstack.section import Section
 
 __all__ = ["DEFAULT_TIER_WEIGHTS", "EventsConfig", "PDConfig", "PrefixConfig"]
@@ -81,7 +82,8 @@ class PrefixConfig(Section):
     )
     index_url: str | None = Field(
         default=None,
-        description="kvstack index server (shared and local kvstack tiers); None: not used",
+        description="kvstack index server (shared and local kvstack tiers), "
+        "http://host:port or zmq://host:port (its zmq_port, lower latency); None: not used",
     )
     index_timeout_s: float = Field(
         default=0.05, gt=0, description="a slower index lookup is skipped (no tier credit)"
@@ -96,6 +98,11 @@ class PrefixConfig(Section):
         description="credit of a cached token per tier (gpu, routed, cpu, disk, redis, s3, "
         "peer, ...); a tier not listed gets 0.5",
     )
+
+    @field_validator("index_url")
+    @classmethod
+    def _index_url(cls, value: str | None) -> str | None:
+        return check_index_url(value) if value else value
 
     @field_validator("tier_weights")
     @classmethod

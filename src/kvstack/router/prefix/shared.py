@@ -1,12 +1,13 @@
 """``SharedTierLookup``: kvstack tiers (local and shared) per backend, from the index server.
 
-One ``POST /lookup`` per request (msgpack, tokens as uint32 bytes) answers, for every engine
-that announces its kvstack tiers, the prefix length per tier, and per shared store (Redis, S3,
-a shared directory) the prefix length held there. A shared store is readable by every engine
-that runs kvstack's connector, so its prefix counts for every backend (``shared_for_all``),
-at that store's lower credit. An engine announces an instance id; the backend it is: the one
-whose name, URL or ``kvstack.io/index-instance`` label equals it. A slow or failing index costs
-the request its tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
+One lookup per request (msgpack, tokens as uint32 bytes; over ZMQ when ``index_url`` is
+``zmq://``, else HTTP) answers, for every engine that announces its kvstack tiers, the prefix
+length per tier, and per shared store (Redis, S3, a shared directory) the prefix length held
+there. A shared store is readable by every engine that runs kvstack's connector, so its
+prefix counts for every backend (``shared_for_all``), at that store's lower credit. An engine
+announces an instance id; the backend it is: the one whose name, URL or
+``kvstack.io/index-instance`` label equals it. A slow or failing index costs the request its
+tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 import msgspec
 
+from kvstack.errors import IndexServiceError
 from kvstack.index.client import AsyncIndexClient, lookup_request
 from kvstack.index.protocol import LookupReply
 from kvstack.log import IncidentLogger
@@ -96,7 +98,7 @@ class SharedTierLookup:
             reply = await asyncio.wait_for(
                 self._client.lookup(request), self.config.index_timeout_s
             )
-        except (TimeoutError, httpx.HTTPError, msgspec.DecodeError) as exc:
+        except (TimeoutError, httpx.HTTPError, IndexServiceError, msgspec.DecodeError) as exc:
             LOOKUPS.labels("failed").inc()
             incidents.warning("index", "index lookup failed (%s); no tier credit", exc)
             return {}

@@ -1,0 +1,84 @@
+"""The index operations over ZMQ: a ROUTER socket served on the HTTP app's event loop.
+
+Started by the app's lifespan when ``index.service.zmq_port`` is set; framing in
+:mod:`kvstack.index.wire`. Requests are answered one at a time on the loop that also runs the
+HTTP routes and the maintenance task, so the index state is never touched from two threads.
+Counted in the same metrics as HTTP (``kvstack_index_requests_total`` by operation and status,
+``kvstack_index_lookup_seconds``). An invalid request is answered 400 with the reason; nothing a
+client sends stops the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from kvstack.index.service import REFUSED, Operation, count_request
+from kvstack.index.wire import BAD_REQUEST, FAILED, OK, error_frames, split_request
+
+__all__ = ["ZmqServer", "bind_endpoint"]
+
+log = logging.getLogger(__name__)
+
+
+def bind_endpoint(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+class ZmqServer:
+    def __init__(self, operations: Mapping[str, Operation], host: str, port: int) -> None:
+        self.endpoint = bind_endpoint(host, port)
+        self._operations = operations
+        self._sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.IPV6, int(":" in host))
+        self._sock.bind(self.endpoint)
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> ZmqServer:
+        """Serve on the running loop until :meth:`aclose`."""
+        self._task = asyncio.create_task(self._serve())
+        log.info("index server answers ZMQ on %s", self.endpoint)
+        return self
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._sock.close()
+
+    async def _serve(self) -> None:
+        while True:
+            identity, *frames = await self._sock.recv_multipart()
+            await self._sock.send_multipart([identity, *self.answer(frames)])
+
+    def answer(self, frames: list[bytes]) -> list[bytes]:
+        """Reply frames ``[request_id, status, body]`` to request frames; never raises."""
+        try:
+            request_id, name, body = split_request(frames)
+        except ValueError as exc:
+            return error_frames(frames[0] if frames else b"", BAD_REQUEST, str(exc))
+        operation = self._operations.get(name)
+        if operation is None:
+            known = ", ".join(self._operations)
+            problem = f"unknown operation {name!r}; expected one of {known}"
+            return error_frames(request_id, BAD_REQUEST, problem)
+        try:
+            result = operation.answer(msgspec.msgpack.decode(body, type=operation.kind))
+            reply = msgspec.msgpack.encode(result)
+        except REFUSED as exc:
+            count_request(name, "400")
+            return error_frames(request_id, BAD_REQUEST, f"invalid {name} request: {exc}")
+        except Exception as exc:  # a request boundary: one failed answer, never a dead loop
+            log.exception("index: %s request over ZMQ failed", name)
+            count_request(name, "500")
+            return error_frames(request_id, FAILED, f"{name} failed: {exc!r}")
+        count_request(name, "200")
+        return [request_id, OK, reply]
