@@ -46,7 +46,7 @@ SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 class HotScoreWeights(Section):
     """Weights of the hot score's features; each feature lies in [0, 1]."""
 
-    qps_10m: float = Field(default=0.45, ge=0, description="request rate (10-minute decay)")
+    qps_10m: float = Field(default=0.45, ge=0, description="decayed request rate (time constant qps_window_s)")
     ttft_penalty_if_cold: float = Field(
         default=0.25, ge=0, description="predicted reload time if evicted, relative to others"
     )
@@ -83,7 +83,11 @@ class AdapterCachePolicy(Section):
         description="rules; a matching adapter moves one tier down per sweep",
     )
     qps_window_s: float = Field(
-        default=600.0, gt=0, description="time constant of the decayed request rate (qps_10m)"
+        default=1800.0,
+        gt=0,
+        description="time constant of the decayed request rate (the qps_10m feature); longer "
+        "than its name's 10 minutes because rarely used adapters would then have counts of 0-3, "
+        "which rank them by chance",
     )
     demote_interval_s: float = Field(default=60.0, gt=0, description="seconds between sweeps")
 
@@ -201,7 +205,7 @@ class LoRAConfig(Section):
     )
     base_models: dict[str, BaseModelRef] = Field(default_factory=dict)
     priority_weights: dict[str, float] = Field(
-        default_factory=lambda: {"platinum": 1.0, "gold": 0.6, "standard": 0.2},
+        default_factory=lambda: {"platinum": 1.0, "gold": 0.7, "standard": 0.1},
         description="priority tiers and their weight in the hot score (0-1)",
     )
     tenants: dict[str, TenantPolicy] = Field(default_factory=dict)
