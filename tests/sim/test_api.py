@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sim.conftest import FleetFactory
 
@@ -55,6 +56,35 @@ def test_streaming_yields_tokens_and_usage(sim_fleet: FleetFactory) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 5
     finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
     assert finishes[-1] == "length" and set(finishes[:-1]) == {None}
+
+
+def test_streams_start_at_the_first_token_as_vllms_do(sim_fleet: FleetFactory) -> None:
+    """Nothing is streamed before the first token (a chat stream's role chunk comes with it), so
+    a router reading the first body byte sees the end of the prefill, not the request's arrival;
+    the first token goes out at once, then every ``stream_interval`` tokens."""
+    # A 0.3 s prefill: a role chunk sent on arrival would come long before any token.
+    fleet = sim_fleet(time_scale=1, prefill_tokens_per_s=20.0, stream_interval=4)
+    url = fleet.urls[0]
+    body = {
+        "model": "sim-model",
+        "messages": [{"role": "user", "content": "t30 t31"}],
+        "max_tokens": 9,
+        "stream": True,
+    }
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=30) as r:
+        events = r.iter_lines()
+        first = next(e for e in events if e.startswith("data: {"))
+        first_tokens = sum(
+            s.value
+            for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for s in f.samples
+            if s.name == "vllm:time_to_first_token_seconds_count"
+        )
+        rest = [json.loads(e[6:]) for e in events if e.startswith("data: {")]
+    assert json.loads(first[6:])["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first_tokens == 1  # the engine had produced the first token before the first byte
+    contents = [c["choices"][0]["delta"]["content"] for c in rest if c["choices"]]
+    assert [len(t.split()) for t in contents] == [1, 4, 4]
 
 
 def test_token_id_prompts_and_the_request_id_header(sim_fleet: FleetFactory) -> None:

@@ -108,15 +108,20 @@ async def _make_request(
 async def _stream(
     engine: SimEngine, req: SimRequest, renderer: Renderer, params: GenerateParams
 ) -> AsyncIterator[bytes]:
+    # As vLLM streams: nothing before the first token (a chat stream's role chunk comes with
+    # it, so the first body byte marks the end of the prefill), the first token at once, then
+    # every ``stream_interval`` tokens and at the end.
     interval = engine.config.stream_interval
     decode = engine.tokenizer.decode
     sent = 0
+    role_pending = params.chat
     try:
-        if params.chat:
-            yield renderer.role_chunk()
         while True:
             produced = req.num_output
-            if produced > sent and (req.finished or produced - sent >= interval):
+            if produced > sent and (req.finished or sent == 0 or produced - sent >= interval):
+                if role_pending:
+                    yield renderer.role_chunk()
+                    role_pending = False
                 start = req.num_prompt + sent
                 yield renderer.chunk(
                     decode(req.tokens[start : req.num_prompt + produced]), req.finished
@@ -125,6 +130,8 @@ async def _stream(
             if req.finished:
                 break
             await req.wait_for_progress()
+        if role_pending:  # finished without a token
+            yield renderer.role_chunk()
         if params.include_usage:
             yield renderer.usage_chunk()
         yield DONE
