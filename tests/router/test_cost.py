@@ -168,3 +168,20 @@ def test_softmax_picker_spreads_near_ties_and_is_argmax_at_zero() -> None:
     soft = PICKERS.get("softmax")(ctx, temperature=0.05)  # type: ignore[call-arg]
     picks = [soft.pick(request("x"), cands).backend.id for _ in range(400)]
     assert picks.count("b") > 100 and picks.count("c") < 5
+
+
+def test_precise_fullness_counts_prompts_in_flight_before_their_events() -> None:
+    """A prompt's blocks reach the KV events only after its prefill; until then the request
+    in flight counts, or a burst would see an engine as empty and pile onto it."""
+    ctx = context()
+    state = prefix_state(ctx)
+    b = backend("a")
+    b.set_engine_metrics(
+        EngineMetrics(time.monotonic(), running=0, waiting=0, block_size=16, num_gpu_blocks=256)
+    )
+    state.started(b.id, complete=True)  # precise: the engine's events are the belief
+    assert state.is_precise(b.id) and state.fullness(b, precise=True) == 0.0
+    for i in range(2):
+        state.on_dispatch(request(f"q{i}"), b)
+    # Two 1,001-token prompts whose whole pages (62 of 16 tokens) are the shared ones.
+    assert state.fullness(b, precise=True) == pytest.approx(62 * 16 / 4096)

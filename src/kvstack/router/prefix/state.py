@@ -181,11 +181,20 @@ class PrefixState:
 
     def fullness(self, backend: BackendView, precise: bool) -> float:
         """The share of the backend's KV capacity that holds cached prefixes, as its events
-        (precise) or the router's routing (approximate) tell; 0 when its capacity is unknown."""
+        (precise) or the router's routing (approximate) tell; 0 when its capacity is unknown.
+
+        In precise mode the prompts in flight count too: their blocks reach the events only
+        after their prefill, and a burst routed in between would otherwise see an engine as
+        emptier than it is and pile onto it (the routed belief counts them at dispatch). The
+        sum counts a prefix both in flight and stored twice: it errs towards spreading."""
         capacity = self._capacity.get(backend.id) or _engine_capacity(backend)
         if not capacity:
             return 0.0
-        held = self.index.owned_tokens(Owner(backend.id, "gpu" if precise else "routed"))
+        if precise:
+            held = self.index.owned_tokens(Owner(backend.id, "gpu"))
+            held += self.index.owned_tokens(Owner(backend.id, "inflight"))
+        else:
+            held = self.index.owned_tokens(Owner(backend.id, "routed"))
         return min(1.0, held / capacity)
 
     # -- RequestObserver: the routed belief -----------------------------------------------
