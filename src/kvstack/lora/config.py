@@ -46,7 +46,9 @@ SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 class HotScoreWeights(Section):
     """Weights of the hot score's features; each feature lies in [0, 1]."""
 
-    qps_10m: float = Field(default=0.45, ge=0, description="decayed request rate (time constant qps_window_s)")
+    qps_10m: float = Field(
+        default=0.45, ge=0, description="decayed request rate (time constant qps_window_s)"
+    )
     ttft_penalty_if_cold: float = Field(
         default=0.25, ge=0, description="predicted reload time if evicted, relative to others"
     )
