@@ -92,3 +92,20 @@ def test_lora_needs_engines_with_slots_and_a_valid_section(tmp_path: Path) -> No
     assert [e["url"] for e in lora["engines"]] == [parts[0].url, parts[1].url]
     assert lora["engines"][0]["gpu_slots"] == 3
     assert lora["trusted_keys"] == [f"{tmp_path.resolve()}/keys/k.pub.pem"]
+
+
+def test_the_router_looks_prefixes_up_over_zmq_and_engines_announce_over_http(
+    tmp_path: Path,
+) -> None:
+    cfg = config(
+        index={"port": 8300, "zmq_port": 8301},
+        engines=[{"name": "e", "kind": "vllm", "model": "/m", "connector": {"tiers": ["cpu://"]}}],
+    )
+    parts = plan_stack(cfg, tmp_path)
+    index, engine, _router = parts
+    assert index.argv[-4:] == ["--port", "8300", "--zmq-port", "8301"]
+    router_file = yaml.safe_load((tmp_path / "router.yaml").read_text())["router"]
+    assert router_file["prefix"]["index_url"] == f"zmq://{index.host}:8301"
+    transfer = json.loads(engine.argv[engine.argv.index("--kv-transfer-config") + 1])
+    announce = transfer["kv_connector_extra_config"]["index"]["announce"]
+    assert announce["index_url"] == index.url  # http

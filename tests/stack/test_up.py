@@ -61,6 +61,10 @@ def test_up_serves_through_the_router_and_down_leaves_nothing(tmp_path: Path) ->
         )
         assert r.status_code == 200 and r.json()["choices"][0]["text"]
         assert r.headers["x-kvstack-backend"]
+        # The router asked the index over ZMQ (the stack wires zmq:// for its lookups).
+        (index,) = [c for c in state["components"] if c["name"] == "index"]
+        text = httpx.get(f"{index['url']}/metrics", timeout=10).text
+        assert 'kvstack_index_requests_total{route="lookup",status="200"} 1.0' in text
     finally:
         down = kvstack("down", "--run-dir", str(tmp_path / "run"))
     assert down.returncode == 0, down.stderr

@@ -39,6 +39,7 @@ class Component:
     events: str | None = None  # ZMQ endpoint the router subscribes to for KV events
     tokenizer: str | None = None  # what the router tokenizes this engine's prompts with
     lora: dict[str, Any] | None = None  # its entry in lora.engines (without the URL)
+    zmq_port: int | None = None  # the index server's ZMQ port
 
     @property
     def url(self) -> str:
@@ -101,9 +102,10 @@ def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
                              start_timeout_s=config.redis.start_timeout_s))  # fmt: skip
         redis_url = f"redis://{config.host}:{port}/0"
     if config.index is not None:
-        port = ports.take(config.index.port)
-        argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host]
-        out.append(Component("index", "index", [*argv, "--port", str(port)], config.host, port,
+        port, zmq_port = ports.take(config.index.port), ports.take(config.index.zmq_port)
+        argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host,
+                "--port", str(port), "--zmq-port", str(zmq_port)]  # fmt: skip
+        out.append(Component("index", "index", argv, config.host, port, zmq_port=zmq_port,
                              start_timeout_s=config.index.start_timeout_s))  # fmt: skip
     index_url = next((c.url for c in out if c.kind == "index"), None)
     ctx = _Context(
@@ -237,9 +239,9 @@ def _router(config: StackConfig, parts: list[Component], port: int, run_dir: Pat
         events = dict(prefix.get("events", {}))
         events["sources"] = {**sources, **events.get("sources", {})}
         prefix["events"] = events
-    index_url = next((c.url for c in parts if c.kind == "index"), None)
-    if index_url:
-        prefix.setdefault("index_url", index_url)
+    index = next((c for c in parts if c.kind == "index"), None)
+    if index is not None:  # the router's lookups go over ZMQ: no HTTP round trip per request
+        prefix.setdefault("index_url", f"zmq://{index.host}:{index.zmq_port}")
     section["prefix"] = prefix
     if config.router.policy:
         section["policy"] = config.router.policy

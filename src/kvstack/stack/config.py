@@ -102,7 +102,13 @@ class RouterSpec(Section):
 
 
 class IndexSpec(Section):
-    port: int | None = Field(default=None, ge=1, le=65535, description="listen port")
+    port: int | None = Field(default=None, ge=1, le=65535, description="listen port (HTTP)")
+    zmq_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="ZMQ port the router looks prefixes up on (engines announce over HTTP)",
+    )
     start_timeout_s: float = Field(default=60.0, gt=0)
 
 
