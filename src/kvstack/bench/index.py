@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -221,6 +222,7 @@ def run(argv: list[str]) -> int:
         prog="kvstack bench index",
         description="Cluster KV index: 128K-token lookup latency with 1M chunks indexed.",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per timed request
     parser.add_argument("--entries", type=int, default=1_000_000, help="chunks indexed")
     parser.add_argument("--lookups", type=int, default=300, help="lookups per figure")
     parser.add_argument(
