@@ -11,7 +11,7 @@ import pytest
 
 from kvstack.lora.decision import FALLBACK_HEADER, Action
 from kvstack.lora.residency import Tier
-from kvstack.lora.upkeep import reconcile, sweep, sync_releases
+from kvstack.lora.upkeep import ReconcileReport, reconcile, sweep, sync_releases
 from tests.lora.conftest import Setup
 
 URL = "http://engine-a"
@@ -227,6 +227,33 @@ async def test_reconcile_corrects_belief(make_setup: Callable[..., Setup]) -> No
     assert s.manager.engine(URL).cache.is_protected(
         s.manager.engine(URL).cache.entries["b@1"], s.clock.now
     )
+
+
+async def test_reconcile_leaves_what_changed_after_it_asked(
+    make_setup: Callable[..., Setup],
+) -> None:
+    """The engine's list of loaded adapters is a snapshot: a load that completes, or an unload
+    that happens, while it travels is newer. Acting on it would mark a freshly loaded adapter
+    lost (refusing the request waiting for it) or unload one twice."""
+    s = make_setup(gpu_slots=1)
+    a, b = s.add("a"), s.add("b", seed=1)
+    (await s.manager.ensure_hot(URL, a, budget_s=60)).finish()
+    fake, eng = s.driver.engine(URL), s.manager.engine(URL)
+    real_adapters = s.driver.adapters
+
+    async def stale_answer(url: str, timeout_s: float) -> dict[str, str]:
+        snapshot = await real_adapters(url, timeout_s)  # a@1 loaded
+        (await s.manager.ensure_hot(URL, b, budget_s=60)).finish()  # meanwhile: b in, a out
+        return snapshot
+
+    s.driver.adapters = stale_answer  # type: ignore[method-assign]
+    report = await reconcile(s.manager, eng)
+    assert report.lost_hot == [] and report.unloaded == []
+    assert s.manager.residency(URL, "b@1") is Tier.HOT  # not demoted on the stale answer
+    assert s.manager.residency(URL, "a@1") is Tier.WARM
+    assert set(fake.loaded) == {"b@1"}
+    s.driver.adapters = real_adapters  # type: ignore[method-assign]
+    assert await reconcile(s.manager, eng) == ReconcileReport(URL)  # and the next round agrees
 
 
 async def test_demote_rules_step_one_tier(make_setup: Callable[..., Setup]) -> None:

@@ -45,6 +45,7 @@ class Entry:
     state: State = State.MATERIALISING
     in_flight: int = 0
     busy_until: float = 0.0  # the engine reported it running until this time
+    changed: int = 0  # the cache's epoch at its last transition
 
     @property
     def name(self) -> str:
@@ -83,6 +84,10 @@ class EngineCache:
         self._reload_s = reload_s
         self.entries: dict[str, Entry] = {}
         self.waiters: dict[str, int] = {}  # requests waiting for a load, by name
+        # Transitions are numbered, so that a reconciliation can ignore what changed after it
+        # asked the engine (its answer predates those changes).
+        self.epoch = 0
+        self._dropped: dict[str, int] = {}  # name -> epoch it left the host tier
 
     # -- queries --------------------------------------------------------------------------
 
@@ -115,6 +120,26 @@ class EngineCache:
         else:
             self.waiters.pop(name, None)
 
+    def changed_since(self, name: str, epoch: int) -> bool:
+        """Whether ``name`` moved (or left) after ``epoch`` (read before asking the engine)."""
+        entry = self.entries.get(name)
+        if entry is not None and entry.changed > epoch:
+            return True
+        return self._dropped.get(name, -1) > epoch
+
+    def forget_changes(self, epoch: int) -> None:
+        """Drop the record of removals up to ``epoch`` (no question older than it is pending)."""
+        self._dropped = {n: e for n, e in self._dropped.items() if e > epoch}
+
+    def _moved(self, entry: Entry, state: State) -> None:
+        self.epoch += 1
+        entry.state, entry.changed = state, self.epoch
+
+    def _removed(self, name: str) -> Entry | None:
+        self.epoch += 1
+        self._dropped[name] = self.epoch
+        return self.entries.pop(name, None)
+
     def is_pinned(self, entry: Entry, now: float) -> bool:
         return self._pinned(self._facts(entry, now))
 
@@ -133,8 +158,9 @@ class EngineCache:
         if victims is None:
             return None
         for victim in victims:
-            del self.entries[victim.name]
-        self.entries[adapter.engine_name] = Entry(adapter, path)
+            self._removed(victim.name)
+        entry = self.entries[adapter.engine_name] = Entry(adapter, path)
+        self._moved(entry, State.MATERIALISING)
         return victims
 
     def begin_hot(self, name: str, now: float) -> list[Entry] | None:
@@ -146,21 +172,21 @@ class EngineCache:
         if victims is None:
             return None
         for victim in victims:
-            victim.state = State.WARM
-        entry.state = State.LOADING
+            self._moved(victim, State.WARM)
+        self._moved(entry, State.LOADING)
         return victims
 
     def set_state(self, name: str, state: State) -> None:
-        self.entries[name].state = state
+        self._moved(self.entries[name], state)
 
     def drop(self, name: str) -> Entry | None:
-        return self.entries.pop(name, None)
+        return self._removed(name) if name in self.entries else None
 
     def adopt(self, adapter: AdapterVersion, path: str, state: State) -> Entry:
         """Record an entry found on the engine or the host (reconciliation), over capacity if
         need be; later loads evict back down to capacity."""
         entry = self.entries.get(adapter.engine_name) or Entry(adapter, path)
-        entry.state = state
+        self._moved(entry, state)
         self.entries[adapter.engine_name] = entry
         return entry
 

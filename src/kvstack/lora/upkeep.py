@@ -56,6 +56,9 @@ class ReconcileReport:
 
 async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport:
     url, timeout = eng.spec.url, m.config.engine_timeout_s
+    # The engine's answers describe it as of the question: whatever this manager changed while
+    # they travelled (a load that completed, an unload) is newer and is left alone this round.
+    asked = eng.cache.epoch
     loaded = await m.driver.adapters(url, timeout)
     info = await m.driver.lora_info(url, timeout)
     report, now = ReconcileReport(url), m.clock()
@@ -64,8 +67,8 @@ async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport
         if entry.name in busy:
             entry.busy_until = now + 2 * m.config.reconcile_interval_s * m.time_scale
             report.busy.append(entry.name)
-        if eng.lock(entry.name).locked():  # a load or unload of it is under way
-            continue
+        if eng.lock(entry.name).locked() or eng.cache.changed_since(entry.name, asked):
+            continue  # a load or unload of it is under way, or done since the question
         if entry.state is State.HOT and entry.name not in loaded and entry.name not in eng.loads:
             eng.cache.set_state(entry.name, State.WARM)
             report.lost_hot.append(entry.name)
@@ -77,8 +80,8 @@ async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport
         known = eng.cache.entries.get(name)
         if known is not None and known.state in (State.HOT, State.LOADING):
             continue
-        if eng.lock(name).locked():  # a load or unload of it is under way; look next time
-            continue
+        if eng.lock(name).locked() or eng.cache.changed_since(name, asked):
+            continue  # a load or unload of it is under way, or done since; look next time
         if name in eng.loads:
             continue
         ours = known is not None and known.path == path and path in eng.verified
@@ -90,6 +93,7 @@ async def reconcile(m: AdapterCacheManager, eng: EngineState) -> ReconcileReport
         else:
             await m.driver.unload(url, name, timeout)
             report.unloaded.append(name)
+    eng.cache.forget_changes(asked)
     if any((report.lost_hot, report.adopted_hot, report.unloaded, report.lost_warm)):
         log.info("reconciled %s: %s", url, report)
     return report
