@@ -62,8 +62,9 @@ def test_streams_start_at_the_first_token_as_vllms_do(sim_fleet: FleetFactory) -
     """Nothing is streamed before the first token (a chat stream's role chunk comes with it), so
     a router reading the first body byte sees the end of the prefill, not the request's arrival;
     the first token goes out at once, then every ``stream_interval`` tokens."""
-    # A 0.3 s prefill: a role chunk sent on arrival would come long before any token.
-    fleet = sim_fleet(time_scale=1, prefill_tokens_per_s=20.0, stream_interval=4)
+    # A 0.5 s prefill step: a role chunk sent on arrival would come long before any token; and
+    # 0.25 s decode steps, so that the stream keeps up with every step even on a busy machine.
+    fleet = sim_fleet(time_scale=1, prefill_tokens_per_s=20.0, step_base_s=0.25, stream_interval=4)
     url = fleet.urls[0]
     body = {
         "model": "sim-model",
