@@ -36,6 +36,7 @@ import numpy as np
 from kvstack.index.client import IndexClient, lookup_request
 from kvstack.index.protocol import EventBatch, EventReply, KeyProfile, LookupReply, TierInfo
 from kvstack.index.state import IndexState
+from kvstack.index.wire import zmq_url
 from kvstack.kv.keys import Namespace, chunk_keys
 
 __all__ = ["run"]
@@ -148,7 +149,7 @@ def over_server(num_entries: int, lookups: int) -> dict[str, dict[str, float]]:
         client.close()
         return {
             "http_msgpack": _msgpack_lookups(url, url, lookups),
-            "zmq_msgpack": _msgpack_lookups(url, f"zmq://127.0.0.1:{zmq_port}", lookups),
+            "zmq_msgpack": _msgpack_lookups(url, zmq_url("127.0.0.1", zmq_port), lookups),
             "http_json": _json_lookups(url, max(lookups // 5, 20)),
         }
     finally:

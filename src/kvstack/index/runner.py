@@ -12,6 +12,7 @@ import uvicorn
 from kvstack.errors import StackError
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.service import build_app
+from kvstack.index.wire import zmq_url
 
 __all__ = ["IndexServerThread", "serve"]
 
@@ -49,7 +50,7 @@ class IndexServerThread:
         """``zmq://host:port`` when the server answers over ZMQ too."""
         if self.config.zmq_port is None:
             return None
-        return f"zmq://{self.config.host}:{self.config.zmq_port}"
+        return zmq_url(self.config.host, self.config.zmq_port)
 
     def _run(self) -> None:
         asyncio.run(self._server.serve())

@@ -35,12 +35,28 @@ __all__ = [
     "error_frames",
     "raise_for_status",
     "split_request",
+    "tcp_address",
     "tcp_endpoint",
+    "zmq_url",
 ]
 
 SCHEME = "zmq"
 OK, BAD_REQUEST, FAILED = b"200", b"400", b"500"
 _NUM_FRAMES = 3
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 hosts in brackets
+
+
+def tcp_address(host: str, port: int) -> str:
+    """The ZMQ endpoint a server binds (or a client connects to) for ``host`` and ``port``."""
+    return f"tcp://{_host_port(host, port)}"
+
+
+def zmq_url(host: str, port: int) -> str:
+    """The ``zmq://`` URL clients are given for a server at ``host`` and ``port``."""
+    return f"{SCHEME}://{_host_port(host, port)}"
 
 
 def tcp_endpoint(url: str) -> str:
@@ -52,8 +68,7 @@ def tcp_endpoint(url: str) -> str:
         port = None
     if parts.scheme != SCHEME or not parts.hostname or port is None or parts.path.strip("/"):
         raise ConfigError(f"index ZMQ URL must look like zmq://host:port, got {url!r}")
-    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
-    return f"tcp://{host}:{port}"
+    return tcp_address(parts.hostname, port)
 
 
 def check_index_url(url: str) -> str:

@@ -20,20 +20,16 @@ import zmq
 import zmq.asyncio
 
 from kvstack.index.service import REFUSED, Operation, count_request
-from kvstack.index.wire import BAD_REQUEST, FAILED, OK, error_frames, split_request
+from kvstack.index.wire import BAD_REQUEST, FAILED, OK, error_frames, split_request, tcp_address
 
-__all__ = ["ZmqServer", "bind_endpoint"]
+__all__ = ["ZmqServer"]
 
 log = logging.getLogger(__name__)
 
 
-def bind_endpoint(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
-
-
 class ZmqServer:
     def __init__(self, operations: Mapping[str, Operation], host: str, port: int) -> None:
-        self.endpoint = bind_endpoint(host, port)
+        self.endpoint = tcp_address(host, port)
         self._operations = operations
         self._sock = zmq.asyncio.Context.instance().socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import yaml
 
+from kvstack.index.wire import zmq_url
 from kvstack.stack.config import EngineSpec, StackConfig
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
@@ -241,7 +242,8 @@ def _router(config: StackConfig, parts: list[Component], port: int, run_dir: Pat
         prefix["events"] = events
     index = next((c for c in parts if c.kind == "index"), None)
     if index is not None:  # the router's lookups go over ZMQ: no HTTP round trip per request
-        prefix.setdefault("index_url", f"zmq://{index.host}:{index.zmq_port}")
+        assert index.zmq_port is not None
+        prefix.setdefault("index_url", zmq_url(index.host, index.zmq_port))
     section["prefix"] = prefix
     if config.router.policy:
         section["policy"] = config.router.policy
