@@ -243,3 +243,12 @@ def test_the_router_default_policy_applies_unless_one_is_set() -> None:
 def _config_text(manifests: tuple[Manifest, ...]) -> str:
     (config_map,) = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c["data"]]
     return str(config_map["data"]["config.yaml"])
+
+
+@pytest.mark.parametrize("password", ["", "redis-auth"])
+def test_valkey_keeps_freed_reply_pages_for_large_values(password: str) -> None:
+    manifests = render({"redis": {"passwordSecret": {"name": password}}})
+    (valkey,) = of_kind(manifests, "StatefulSet")
+    env = {e["name"]: e for e in container(valkey)["env"]}
+    assert env["JE_MALLOC_CONF"]["value"] == env["MALLOC_CONF"]["value"] == "dirty_decay_ms:-1"
+    assert ("REDIS_PASSWORD" in env) == bool(password)

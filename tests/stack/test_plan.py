@@ -30,7 +30,11 @@ def test_default_stack_is_two_simulated_engines_behind_a_router(tmp_path: Path) 
     assert [b["url"] for b in router_file["backends"]] == [parts[0].url, parts[1].url]
 
 
-def test_vllm_engines_carry_the_connector_with_expanded_tiers(tmp_path: Path) -> None:
+def test_vllm_engines_carry_the_connector_with_expanded_tiers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MALLOC_CONF", raising=False)
+    monkeypatch.setenv("JE_MALLOC_CONF", "narenas:2")  # the operator's own setting wins
     cfg = config(
         redis={"port": 6390},
         engines=[
@@ -49,6 +53,8 @@ def test_vllm_engines_carry_the_connector_with_expanded_tiers(tmp_path: Path) ->
     parts = plan_stack(cfg, tmp_path)
     redis, first, second = parts
     assert redis.argv[:3] == ["redis-server", "--port", "6390"]
+    # jemalloc keeps freed reply pages: large GETs do not fault every page in again
+    assert redis.env == {"MALLOC_CONF": "dirty_decay_ms:-1", "JE_MALLOC_CONF": "narenas:2"}
     assert (first.port, second.port) == (9000, 9001) and first.role == "prefill"
     transfer = json.loads(first.argv[first.argv.index("--kv-transfer-config") + 1])
     assert transfer["kv_connector"] == "KVStackConnector"

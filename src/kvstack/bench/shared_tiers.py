@@ -9,9 +9,12 @@ the reference and the tiers alike and the ratios stay meaningful:
 
 - ``tcp_loopback_gbps``: a sender process streams the same bytes over one TCP connection into
   preallocated buffers (``recv_into``) — the ceiling for any single-connection transfer here;
-- ``redis``: a real ``redis-server``; ``get_gbps`` is ``RedisTier.get_many_into`` (values
-  received into the output tensors and checksummed), ``redis_py_get_gbps`` plain redis-py
-  pipelined GETs of the same values (bytes only, no checksum), ``store_gbps`` puts + flush;
+- ``redis``: two real ``redis-server`` processes, one stock and one started as kvstack starts
+  its own (:mod:`kvstack.kv.remote.redis_server`: jemalloc keeps freed reply pages).
+  ``get_gbps`` / ``tuned_get_gbps`` are ``RedisTier.get_many_into`` from each (values received
+  into the output tensors and checksummed), ``redis_py_get_gbps`` plain redis-py pipelined
+  GETs of the same values from the stock server (bytes only, no checksum), ``store_gbps``
+  puts + flush to the stock server;
 - ``peer``: an engine process lending its CPU tier; ``get_gbps`` is ``PeerTier.get_many_into``;
 - ``s3`` (``--s3``): moto's S3 server in a process; store and get figures, for reference only
   (moto is a Python mock, not an S3 implementation to measure).
@@ -38,6 +41,7 @@ from typing import Any, NamedTuple
 
 from kvstack.bench import shared_procs
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.remote.redis_server import large_value_env
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier, make_tier
 
@@ -124,22 +128,40 @@ def tcp_transfer(num_chunks: int) -> Iterator[Transfer]:
 
 
 @contextlib.contextmanager
-def redis_transfers(num_chunks: int, workdir: Path) -> Iterator[tuple[list[Transfer], float]]:
-    """The tier's batched get and redis-py's pipelined get of the same values; store GB/s."""
-    import redis
-
+def _redis_server(workdir: Path, env: dict[str, str]) -> Iterator[int]:
     port = _free_port()
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    env = {**{k: v for k, v in os.environ.items() if "MALLOC_CONF" not in k}, **env}
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_port(port)
+        yield port
+    finally:
+        server.kill()
+        server.wait()
+
+
+@contextlib.contextmanager
+def redis_transfers(num_chunks: int, workdir: Path) -> Iterator[tuple[list[Transfer], float]]:
+    """The tier's batched get from a stock and a tuned server, and redis-py's pipelined get of
+    the same values from the stock one; store GB/s."""
+    import redis
+
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(_redis_server(workdir, {}))
+        tuned_port = stack.enter_context(_redis_server(workdir, large_value_env()))
         url = f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=4GiB&timeout_s=60"
         tier = make_tier(url, name="redis")
+        stack.callback(tier.close)
         keys, store_gbps = _store(tier, num_chunks, "r")
         outs = _outs(num_chunks)
+        tuned = make_tier(url.replace(str(port), str(tuned_port)), name="redis-tuned")
+        stack.callback(tuned.close)
+        _store(tuned, num_chunks, "r")
         client = redis.Redis(port=port, socket_timeout=60)
+        stack.callback(client.close)
         names = [b"bench:" + k.hex().encode() for k in keys]
         size = sum(int(client.strlen(n)) for n in names)
 
@@ -152,15 +174,11 @@ def redis_transfers(num_chunks: int, workdir: Path) -> Iterator[tuple[list[Trans
         yield (
             [
                 Transfer("redis", CHUNK_BYTES * num_chunks, lambda: _load(tier, keys, outs)),
+                Transfer("redis_tuned", CHUNK_BYTES * num_chunks, lambda: _load(tuned, keys, outs)),
                 Transfer("redis_py", size, redis_py),
             ],
             store_gbps,
         )
-        client.close()
-        tier.close()
-    finally:
-        server.kill()
-        server.wait()
 
 
 @contextlib.contextmanager
@@ -220,13 +238,15 @@ def run_shared_tier_bench(num_chunks: int = 8, rounds: int = 7, s3: bool = False
         "redis": {
             "get_gbps": gbps["redis"],
             "get_ratio_vs_tcp": gbps["redis"] / reference,
+            "tuned_get_gbps": gbps["redis_tuned"],
+            "tuned_get_ratio_vs_tcp": gbps["redis_tuned"] / reference,
             "redis_py_get_gbps": gbps["redis_py"],
             "store_gbps": store_gbps,
         },
         "peer": {"get_gbps": gbps["peer"], "ratio_vs_tcp": gbps["peer"] / reference},
     }
     result["bars"] = {
-        "redis_get_ge_1gbps": gbps["redis"] >= REDIS_BAR_GBPS,
+        "redis_get_ge_1gbps": gbps["redis_tuned"] >= REDIS_BAR_GBPS,
         "peer_ge_half_tcp": result["peer"]["ratio_vs_tcp"] >= PEER_BAR_RATIO,
     }
     if s3:
@@ -246,9 +266,11 @@ def _print(result: dict[str, Any]) -> None:
           f"{result['rounds']} interleaved rounds (load average {result['load_average']:.1f} "
           f"on {os.cpu_count()} CPUs)")  # fmt: skip
     print(f"  loopback TCP reference     {tcp:6.2f} GB/s")
-    print(f"  redis batched get          {r['get_gbps']:6.2f} GB/s  "
-          f"{r['get_ratio_vs_tcp']:.2f}x TCP  bar >= {REDIS_BAR_GBPS} GB/s: "
-          f"{_verdict(bars['redis_get_ge_1gbps'])}")  # fmt: skip
+    print(f"  redis batched get          {r['tuned_get_gbps']:6.2f} GB/s  "
+          f"{r['tuned_get_ratio_vs_tcp']:.2f}x TCP  bar >= {REDIS_BAR_GBPS} GB/s: "
+          f"{_verdict(bars['redis_get_ge_1gbps'])}  (server as kvstack runs it)")  # fmt: skip
+    print(f"  redis batched get, stock   {r['get_gbps']:6.2f} GB/s  "
+          f"{r['get_ratio_vs_tcp']:.2f}x TCP  (jemalloc returns reply pages)")  # fmt: skip
     print(f"  redis-py pipelined get     {r['redis_py_get_gbps']:6.2f} GB/s  (same values)")
     print(f"  redis store (put + flush)  {r['store_gbps']:6.2f} GB/s")
     print(f"  peer fetch                 {p['get_gbps']:6.2f} GB/s  "

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from kvstack.index.wire import zmq_url
+from kvstack.kv.remote.redis_server import large_value_env
 from kvstack.stack.config import EngineSpec, StackConfig
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
@@ -100,6 +101,7 @@ def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
         argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
         argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
         out.append(Component("redis", "redis", argv, config.host, port, "redis",
+                             env=large_value_env(),
                              start_timeout_s=config.redis.start_timeout_s))  # fmt: skip
         redis_url = f"redis://{config.host}:{port}/0"
     if config.index is not None:
