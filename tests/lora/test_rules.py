@@ -8,13 +8,16 @@ import datetime as dt
 import pytest
 
 from kvstack.errors import ConfigError
+from kvstack.lora.adapters import AdapterVersion, Release, Status
 from kvstack.lora.config import AdapterCachePolicy, HotScoreWeights, LoRAConfig, ScheduledWarmup
 from kvstack.lora.expr import compile_rule
-from kvstack.lora.facts import FACT_TYPES, AdapterFacts
+from kvstack.lora.facts import FACT_TYPES, AdapterFacts, FactsBuilder
 from kvstack.lora.metrics import OTHER, LoRAMetrics
 from kvstack.lora.policy import Candidate, LRUPolicy, WeightedLRUPolicy
 from kvstack.lora.predict import LoadTimePredictor
+from kvstack.lora.resolver import Resolver
 from kvstack.lora.rules import CacheRules
+from kvstack.lora.stats import StatsTable
 from kvstack.lora.warmup import WarmupSchedule
 
 FACTS = AdapterFacts(
@@ -106,6 +109,53 @@ def test_weighted_keeps_the_popular_where_lru_keeps_the_recent() -> None:
     gold_idle = _candidate("gold", qps=0.01, last=50.0, tier="gold")
     assert weighted.victim([gold_idle, one_off]) is one_off  # same rate: the tier decides
     assert weighted.victim([]) is None
+
+
+def test_weighted_evicts_a_superseded_version_first() -> None:
+    weighted = WeightedLRUPolicy(HotScoreWeights(), {"platinum": 1.0, "standard": 0.1})
+    old = _candidate("old", qps=5.0, last=300.0, tier="platinum")
+    old = dataclasses.replace(old, facts=dataclasses.replace(old.facts, is_current=False))
+    idle = _candidate("idle", qps=0.001, last=1.0)
+    assert weighted.victim([idle, old]) is old  # no request will come for it, whatever its past
+
+
+def _versions(release: Release) -> FactsBuilder:
+    one = AdapterVersion(adapter_id="a", version="1", base_model="base", rank=8, alpha=16.0,
+                         artifact_uri="", sha256="", size_bytes=1 << 20, tenant_id="acme",
+                         priority_tier="gold", target_modules=("q_proj",),
+                         status=Status.ACTIVE)  # fmt: skip
+    versions = {("a", v): dataclasses.replace(one, version=v) for v in "12"}
+    resolver = Resolver(None, LoRAConfig())
+    resolver.load_snapshot(({"a": release}, versions))
+    return FactsBuilder(resolver, WarmupSchedule([], 0.0), window_s=600.0)
+
+
+def test_a_new_version_inherits_its_adapters_popularity_and_the_old_one_loses_it() -> None:
+    stats = StatsTable(600.0)
+    for t in range(10):
+        stats.get("a@1").on_request(float(t), 600.0)
+    rate = stats.get("a@1").rate(10.0, 600.0)
+    promoted = _versions(Release("a", stable_version="2"))
+    v1, v2 = (promoted.resolver.version("a", v) for v in ("1", "2"))
+    assert v1 is not None and v2 is not None
+    assert promoted.of(v2, None, stats, 10.0).qps_10m == pytest.approx(rate)
+    assert promoted.of(v1, None, stats, 10.0).qps_10m == 0.0  # superseded: nothing routed to it
+    canary = _versions(Release("a", stable_version="1", canary_version="2", canary_percent=25))
+    assert canary.of(v2, None, stats, 10.0).qps_10m == pytest.approx(0.25 * rate)
+    assert canary.of(v1, None, stats, 10.0).qps_10m == pytest.approx(0.75 * rate)
+    stats.get("a@2").on_request(10.0, 600.0)  # both versions' requests count
+    total = rate + stats.get("a@2").rate(10.0, 600.0)
+    assert promoted.of(v2, None, stats, 10.0).qps_10m == pytest.approx(total)
+
+
+def test_pruned_stats_leave_their_adapters_rate() -> None:
+    stats = StatsTable(600.0, max_entries=10)
+    for i in range(10):
+        stats.get(f"idle-{i}@1")
+    stats.get("b@1").on_request(0.0, 600.0)  # a new entry prunes the emptiest tenth
+    assert stats.adapter_rate("b", 0.0, 600.0) > 0.0
+    assert sum(stats.adapter_rate(f"idle-{i}", 0.0, 600.0) for i in range(10)) == 0.0
+    assert sum(stats.peek(f"idle-{i}@1") is None for i in range(10)) == 1
 
 
 def test_prediction_moves_from_prior_to_observed() -> None:

@@ -5,10 +5,10 @@ nothing else is left); the policy orders them. Both policies see the same candid
 are compared at equal memory.
 
 - ``lru``: the least recently requested adapter first (the engines' own policy; the baseline).
-- ``weighted-lru``: the lowest hot score first, ties by recency. The score weighs the decayed
-  request rate (its percentile rank among the candidates), the time it would take to bring the
-  adapter back (relative to the slowest), its tenant tier's priority, and a scheduled-warmup
-  bonus.
+- ``weighted-lru``: a superseded version (no request is routed to it any more) first; then the
+  lowest hot score, ties by recency. The score weighs the decayed request rate (its percentile
+  rank among the candidates), the time it would take to bring the adapter back (relative to
+  the slowest), its tenant tier's priority, and a scheduled-warmup bonus.
 """
 
 from __future__ import annotations
@@ -61,10 +61,16 @@ class WeightedLRUPolicy(AdapterPolicy):
         qps_rank = _percentile_ranks([c.facts.qps_10m for c in candidates])
         max_reload = max(c.reload_s for c in candidates) or 1.0
         scored = [
-            (self.score(c, qps_rank[i], c.reload_s / max_reload), c.last_request_at, c.name, c)
+            (
+                c.facts.is_current,
+                self.score(c, qps_rank[i], c.reload_s / max_reload),
+                c.last_request_at,
+                c.name,
+                c,
+            )
             for i, c in enumerate(candidates)
         ]
-        return min(scored, key=lambda t: t[:3])[3]
+        return min(scored, key=lambda t: t[:4])[4]
 
     def score(self, c: Candidate, qps_feature: float, reload_feature: float) -> float:
         w = self.weights

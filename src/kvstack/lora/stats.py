@@ -54,12 +54,14 @@ class AdapterStats:
 
 
 class StatsTable:
-    """Stats by engine-side adapter name, pruned of entries that decayed to nothing."""
+    """Stats by engine-side adapter name (``adapter@version``), pruned of entries that decayed
+    to nothing; :meth:`adapter_rate` sums an adapter's versions."""
 
     def __init__(self, window_s: float, max_entries: int = 100_000) -> None:
         self.window_s = window_s
         self.max_entries = max_entries
         self._stats: dict[str, AdapterStats] = {}
+        self._versions: dict[str, set[str]] = {}  # adapter id -> its names with stats
 
     def get(self, name: str) -> AdapterStats:
         stats = self._stats.get(name)
@@ -67,12 +69,28 @@ class StatsTable:
             if len(self._stats) >= self.max_entries:
                 self._prune()
             stats = self._stats[name] = AdapterStats()
+            self._versions.setdefault(_adapter_of(name), set()).add(name)
         return stats
 
     def peek(self, name: str) -> AdapterStats | None:
         return self._stats.get(name)
 
+    def adapter_rate(self, adapter_id: str, now: float, window_s: float) -> float:
+        """The decayed request rate of every version of ``adapter_id`` together: popularity
+        belongs to the adapter, and a version published a minute ago inherits it."""
+        names = self._versions.get(adapter_id, ())
+        return sum(self._stats[n].rate(now, window_s) for n in names)
+
     def _prune(self) -> None:
         ranked = sorted(self._stats.items(), key=lambda kv: kv[1].decayed_count)
         for name, _ in ranked[: max(1, len(ranked) // 10)]:
             del self._stats[name]
+            adapter_id = _adapter_of(name)
+            names = self._versions[adapter_id]
+            names.discard(name)
+            if not names:
+                del self._versions[adapter_id]
+
+
+def _adapter_of(name: str) -> str:
+    return name.rpartition("@")[0] or name
