@@ -11,7 +11,7 @@ import pytest
 from kvstack.config import KVStackConfig, load_config, load_section, log_config_once
 from kvstack.errors import ConfigError, KVStackError, MissingExtraError, require
 from kvstack.kv.config import KVConfig
-from kvstack.log import IncidentLogger
+from kvstack.log import IncidentLogger, setup_logging
 from kvstack.metrics import counter, gauge, registered_metric_names
 from kvstack.registry import Registry
 from kvstack.section import format_size, parse_size
@@ -156,6 +156,18 @@ def test_incident_logger_reports_once_per_interval(caplog: pytest.LogCaptureFixt
             incidents.warning("disk", "disk full %d", i)
         incidents.warning("net", "connection refused")
     assert [r.getMessage() for r in caplog.records] == ["disk full 0", "connection refused"]
+
+
+@pytest.mark.parametrize(("level", "httpx_level"), [("INFO", "WARNING"), ("DEBUG", "NOTSET")])
+def test_logging_keeps_httpx_request_lines_for_debug(level: str, httpx_level: str) -> None:
+    httpx_logger = logging.getLogger("httpx")
+    saved = httpx_logger.level
+    try:
+        httpx_logger.setLevel(logging.NOTSET)
+        setup_logging(level)
+        assert logging.getLevelName(httpx_logger.level) == httpx_level
+    finally:
+        httpx_logger.setLevel(saved)
 
 
 def test_metrics_are_get_or_create() -> None:

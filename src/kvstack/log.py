@@ -15,6 +15,10 @@ def setup_logging(level: str | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if logging.getLevelName(level) != logging.DEBUG:
+        # httpx logs every request at INFO: health checks, index calls and adapter loads
+        # would flood the log of a busy router.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 class IncidentLogger:

@@ -110,24 +110,10 @@ def _dirs(path: Path) -> list[Path]:
 
 
 def _toy_config(path: Path) -> Path:
-    import json
-
-    from tests.lora.adapters import TINY_DIMS as d
+    from tests.lora.adapters import TINY_DIMS
 
     path.mkdir(parents=True)
-    (path / "config.json").write_text(
-        json.dumps(
-            {
-                "hidden_size": d.hidden_size,
-                "intermediate_size": d.intermediate_size,
-                "num_hidden_layers": d.num_layers,
-                "num_attention_heads": d.num_heads,
-                "num_key_value_heads": d.num_kv_heads,
-                "head_dim": d.head_dim,
-            }
-        )
-    )
-    return path
+    return TINY_DIMS.write_config_dir(path)
 
 
 async def test_two_routers_share_an_engine(make_setup: Callable[..., Setup]) -> None:

@@ -48,6 +48,22 @@ class BaseModelDims:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"base model {name!r}: cannot read dims from {file}: {exc}") from None
 
+    def write_config_dir(self, path: str | Path) -> Path:
+        """Write the ``config.json`` :meth:`from_config_dir` reads (for benchmarks and tests
+        that stand in a base model's dimensions without its weights); returns ``path``."""
+        dest = Path(path)
+        dest.mkdir(parents=True, exist_ok=True)
+        cfg = {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+        }
+        (dest / "config.json").write_text(json.dumps(cfg))
+        return dest
+
     def module_dims(self, module: str) -> tuple[int, int] | None:
         """(in_features, out_features) of a target module; None for an unknown module."""
         q_out = self.num_heads * self.head_dim

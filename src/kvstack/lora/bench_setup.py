@@ -57,21 +57,7 @@ def write_adapter(dest: Path, rank: int, seed: int) -> None:
 
 
 def write_base_config(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    d = BASE_DIMS
-    (dest / "config.json").write_text(
-        json.dumps(
-            {
-                "hidden_size": d.hidden_size,
-                "intermediate_size": d.intermediate_size,
-                "num_hidden_layers": d.num_layers,
-                "num_attention_heads": d.num_heads,
-                "num_key_value_heads": d.num_kv_heads,
-                "head_dim": d.head_dim,
-            }
-        )
-    )
-    return dest
+    return BASE_DIMS.write_config_dir(dest)
 
 
 class ModelledStore(ArtifactStore):

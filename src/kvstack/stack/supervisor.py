@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kvstack.errors import StackError
+from kvstack.procs import pid_alive
 from kvstack.stack.components import Component, plan_stack, port_is_free
 from kvstack.stack.config import StackConfig
 from kvstack.stack.health import healthy
@@ -149,17 +150,7 @@ def _state_alive(run_dir: Path) -> bool:
         state = json.loads((run_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return False
-    return any(_pid_alive(c["pid"]) for c in state.get("components", []) if c.get("pid"))
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return any(pid_alive(c["pid"]) for c in state.get("components", []) if c.get("pid"))
 
 
 def stop_run_dir(run_dir: Path, grace_s: float = 10.0) -> list[str]:
@@ -175,7 +166,7 @@ def stop_run_dir(run_dir: Path, grace_s: float = 10.0) -> list[str]:
             os.killpg(c["pid"], signal.SIGTERM)
         names.append(c["name"])
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_pid_alive(c["pid"]) for c in state["components"]):
+    while time.monotonic() < deadline and any(pid_alive(c["pid"]) for c in state["components"]):
         time.sleep(0.2)
     for c in state.get("components", []):
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -23,6 +23,7 @@ import xxhash
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.format import HEADER_BYTES, ChunkHeader, decompress, parse_header
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
+from kvstack.procs import pid_alive
 
 __all__ = [
     "SUFFIX",
@@ -180,7 +181,7 @@ def clean_tmp(tmp_dir: Path) -> int:
         parts = entry.name.split(".")
         pid = int(parts[1]) if len(parts) > 2 and parts[1].isdigit() else -1
         try:
-            if now - entry.stat().st_mtime > STALE_TMP_S or not _pid_alive(pid):
+            if now - entry.stat().st_mtime > STALE_TMP_S or not pid_alive(pid):
                 os.unlink(entry.path)
                 removed += 1
         except FileNotFoundError:
@@ -195,20 +196,6 @@ def key_from_name(name: str) -> ChunkKey | None:
         return ChunkKey(bytes.fromhex(name[: 2 * KEY_BYTES]))
     except ValueError:
         return None
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _read_exact_into(f: io.RawIOBase, buf: memoryview) -> int:
