@@ -146,7 +146,7 @@ class _Bench:
                 self._mark_warm()
             if i == rollout_at:
                 await self._rollout()
-            tasks.append(asyncio.create_task(self.one(arrival)))
+            tasks.append(asyncio.create_task(self.one(arrival, self.warm)))
         await asyncio.gather(*tasks)
 
     def _mark_warm(self) -> None:
@@ -160,11 +160,12 @@ class _Bench:
         await self.m.resolver.refresh_async()
         sync_releases(self.m)
 
-    async def one(self, arrival: Arrival) -> None:
+    async def one(self, arrival: Arrival, warm: bool) -> None:
+        """One request; ``warm``: it arrived after the warmup (whenever its task first runs)."""
         adapter = self.adapters[arrival.adapter]
         resolution = self.m.resolver.resolve(adapter.adapter_id, f"user-{arrival.user}")
         assert resolution is not None
-        started, warm = self.m.clock(), self.warm
+        started = self.m.clock()
         url = self._pick(resolution.engine_name)
         klass = "interactive" if arrival.interactive else "background"
         self.in_flight[url] += 1
