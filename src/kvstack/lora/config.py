@@ -47,7 +47,10 @@ class HotScoreWeights(Section):
     """Weights of the hot score's features; each feature lies in [0, 1]."""
 
     qps_10m: float = Field(
-        default=0.45, ge=0, description="decayed request rate (time constant qps_window_s)"
+        default=0.45,
+        ge=0,
+        description="decayed request rate (time constant qps_window_s) of the adapter on the "
+        "engine, all versions together, times this version's share of traffic (0 once superseded)",
     )
     ttft_penalty_if_cold: float = Field(
         default=0.25, ge=0, description="predicted reload time if evicted, relative to others"
