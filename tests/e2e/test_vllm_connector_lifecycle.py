@@ -24,6 +24,8 @@ from tests.e2e.engines import complete, metric_total, start_engine, wait_metric
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 HITS = "kvstack_connector_hit_tokens_total"
+PREEMPTED = "kvstack_connector_preempted_requests_total"
+RESUMED = "kvstack_connector_resumed_requests_total"
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -77,7 +79,9 @@ def test_preemption_with_loaded_prompts(engine: VLLMServer) -> None:
     # Greedy decoding: the first `safe` tokens do not depend on max_tokens.
     alone = [complete(engine, p, max_tokens=safe, ignore_eos=True) for p in prompts]
     reset_prefix_cache(engine)
-    preemptions = metric_total(engine, "vllm:num_preemptions_total")
+    preemptions = metric_total(engine, PREEMPTED)
+    vllm_preemptions = metric_total(engine, "vllm:num_preemptions_total")
+    resumed = metric_total(engine, RESUMED)
     hits = metric_total(engine, HITS)
     start = time.monotonic()
 
@@ -89,8 +93,18 @@ def test_preemption_with_loaded_prompts(engine: VLLMServer) -> None:
         results = list(pool.map(timed, prompts))
     together = [out for out, _ in results]
     finished = [round(at, 1) for _, at in results]
-    preempted = wait_metric(engine, "vllm:num_preemptions_total", preemptions + 1, timeout_s=5)
-    assert preempted > preemptions, f"no preemption (requests finished at {finished} s)"
+    # The connector counts the preemptions vLLM's scheduler hands it each step. vLLM's own
+    # counter is reported too: it comes from per-request events and once read 0 here.
+    preempted = wait_metric(engine, PREEMPTED, preemptions + 1, timeout_s=10)
+    vllm_count = metric_total(engine, "vllm:num_preemptions_total") - vllm_preemptions
+    assert preempted > preemptions, (
+        f"no preemption (requests finished at {finished} s with {[len(t) for t in together]}"
+        f" tokens; vLLM counted {vllm_count})"
+    )
+    # Every preempted request was scheduled again (all three completed).
+    assert wait_metric(engine, RESUMED, resumed + preempted - preemptions) == (
+        resumed + preempted - preemptions
+    )
     assert wait_metric(engine, HITS, hits + 3 * 768) >= hits + 3 * 768  # all prompts loaded
     assert [len(t) for t in together] == [total] * 3
     assert [t[:safe] for t in together] == alone

@@ -134,6 +134,8 @@ class SchedulerSide:
     # -- per-step metadata -----------------------------------------------------------------
     def build_meta(self, out: SchedulerOutput) -> KVStackMetadata:
         meta = KVStackMetadata()
+        if out.preempted_req_ids:
+            self.stats.add("preempted_requests", len(out.preempted_req_ids))
         for new in out.scheduled_new_reqs:
             tracker = self.trackers.get(new.req_id)
             if tracker is not None:
@@ -141,6 +143,8 @@ class SchedulerSide:
                 computed = new.num_computed_tokens + out.num_scheduled_tokens.get(new.req_id, 0)
                 self._plan(tracker, computed, meta)
         cached = out.scheduled_cached_reqs
+        if cached.resumed_req_ids:
+            self.stats.add("resumed_requests", len(cached.resumed_req_ids))
         for i, req_id in enumerate(cached.req_ids):
             tracker = self.trackers.get(req_id)
             if tracker is None:

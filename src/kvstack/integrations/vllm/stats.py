@@ -30,6 +30,8 @@ COUNTERS: dict[str, str] = {
     "save_chunks": "Chunks copied out of the engine into kvstack",
     "save_bytes": "Bytes copied out of the engine into kvstack",
     "save_skipped_chunks": "Chunks not copied because kvstack already held them",
+    "preempted_requests": "Requests the engine preempted (freed their KV to make room)",
+    "resumed_requests": "Preempted requests the engine scheduled again",
 }
 HISTOGRAMS: dict[str, str] = {
     "load_seconds": "Time the engine step waited for kvstack loads",
