@@ -12,7 +12,7 @@ Protocol::
     match = index.match(ns, tokens)                      # no side effects
     match.tokens(Owner("a", "gpu"))                      # matched prefix length, in tokens
     done = index.insert(ns, tokens, owner, lock=True)    # now held by owner (LRU touched)
-    index.unlock(done.end, owner)                        # the request that pinned it ended
+    index.unlock(done.lock, owner)                       # the request that pinned it ended
     index.remove(ns, tokens, owner, start=128)           # owner lost tokens[128:] (and beyond)
     # by position, for KV events that name a parent block instead of its tokens:
     more = index.insert_at(Position(done.end, 256), next_block_tokens, owner)
@@ -62,12 +62,15 @@ class PrefixMatch(NamedTuple):
 
 class InsertResult(NamedTuple):
     new_tokens: int  # tokens the owner did not hold before
-    end: Node | None  # the deepest node of the path: a Position anchor, and the lock handle
+    end: Node | None  # the deepest node of the path: a Position anchor
     depth: int = 0  # tokens from the root to the end of the inserted path
+    locked: bool = False
 
     @property
     def lock(self) -> Node | None:
-        return self.end
+        """The handle for :meth:`RadixIndex.unlock`: None unless the insert locked a path (an
+        unlock of a path that was never locked would release other requests' locks on it)."""
+        return self.end if self.locked else None
 
 
 class RadixIndex(TreeCore):
@@ -156,7 +159,7 @@ class RadixIndex(TreeCore):
         self._enforce(owner)
         enforce_total(self, list(self._owners.values()))
         end = path[-1]
-        return InsertResult(new_tokens, end, end.depth)
+        return InsertResult(new_tokens, end, end.depth, lock)
 
     def remove(self, ns: Namespace, tokens: Sequence[int], owner: Owner, start: int = 0) -> int:
         """``owner`` no longer holds ``tokens[start:]`` nor anything longer on that path

@@ -207,7 +207,7 @@ class PrefixState:
         precise = prompt.exact and self.is_precise(backend.id)
         owner = Owner(backend.id, "inflight" if precise else "routed")
         done = self.index.insert(prompt.namespace, prompt.tokens, owner, lock=True)
-        handles[backend.id] = [] if done.end is None else [(owner, done.end)]
+        handles[backend.id] = [] if done.lock is None else [(owner, done.lock)]
 
     def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
         return None
