@@ -10,7 +10,14 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
+from kvstack.lora.audit import AuditLog
 from kvstack.lora.basemodel import BaseModelDims
+from kvstack.lora.config import LoRAConfig
+from kvstack.lora.plane import ControlPlane
+from kvstack.lora.registry import AdapterRegistry
+from kvstack.lora.signing import TrustedKeys
+from kvstack.lora.store.dir import DirStore
+from kvstack.lora.verify import Verifier
 
 TINY_DIMS = BaseModelDims(
     name="toy",
@@ -73,3 +80,23 @@ def peft_adapter(model_dir: Path, dest: Path, seed: int, rank: int = 8) -> Path:
     )
     peft.get_peft_model(model, config).save_pretrained(dest)
     return dest
+
+
+def real_plane(tmp: Path, sources: Path, keys: tuple[Path, Path], model_dir: Path) -> ControlPlane:
+    """A control plane on ``tmp`` (SQLite registry, directory store) for adapters of the toy
+    model in ``model_dir``, from ``sources``, signed with ``keys`` (private, public)."""
+    config = LoRAConfig(
+        registry_url=f"sqlite:///{tmp / 'r.db'}",
+        artifact_store=f"file://{tmp / 's'}",
+        source_allowlist=[sources.as_uri() + "/"],
+        trusted_keys=[str(keys[1])],
+    )
+    dims = BaseModelDims.from_config_dir("toy", model_dir)
+    verifier = Verifier(config, {"toy": dims}, TrustedKeys.load(config.trusted_keys))
+    return ControlPlane(
+        config,
+        AdapterRegistry(config.registry_url),
+        DirStore(tmp / "s"),
+        verifier,
+        AuditLog(config.registry_url),
+    )

@@ -14,7 +14,7 @@ import openai
 import pytest
 from pydantic import SecretStr
 
-from kvstack.errors import RequestError
+from kvstack.errors import LoRAError, RequestError
 from kvstack.lora.config import EngineSpec, RequestClassBudget, TenantPolicy
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.driver import HTTPEngineDriver
@@ -256,3 +256,87 @@ def test_resolution_sets_target_priority_and_tenant_checks(
     assert gate.resolve(base, b"")[0] is base
     assert served_model(b'data: {"id":"c","object":"x","model":"vip@1","choices":[]}') == "vip@1"
     assert served_model(b"not json") is None
+
+
+async def test_prefill_decode_with_a_managed_adapter(
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+    fleet: FleetThread,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A PD model's adapter request prefills with the adapter its decode engine serves it with,
+    on a prefill engine where that adapter is hot; where it is not, the decode engine computes
+    the prompt and the adapter loads on the prefill engine for the next request. A decode
+    engine's fallback to the base model makes the prefill use the base model too."""
+    from kvstack.router import pd
+
+    _register(plane, sources, keypair, "support", seed=1)
+    _register(plane, sources, keypair, "sales", seed=2)
+    classes = {
+        "interactive": RequestClassBudget(),
+        "background": RequestClassBudget(max_concurrent_cold_loads=2),
+        "tight": RequestClassBudget(cold_start_budget_s=0.0),  # never waits: fallback
+    }
+    control = _control(
+        plane, fleet, tmp_path, request_classes=classes,
+        load_time_prior_s={"warm": 0.05, "cold": 0.2},
+    )  # fmt: skip
+    pd_models = {"models": ["toy-base"], "min_remote_prefill_tokens": 16}
+    config = router_config(fleet.urls, adapters={"enabled": True}, pd=pd_models)
+    config.backends[0].role, config.backends[1].role = "prefill", "decode"
+    prefill_url, decode_url = fleet.urls
+    prefilled: list[str] = []
+    real_body = pd.prefill_body
+
+    def spy(request: object, model: str) -> dict[str, object]:
+        prefilled.append(model)
+        return real_body(request, model)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pd, "prefill_body", spy)
+    prompt = "a long shared document " * 60
+    async with serve_router(config, Router(config, lora=control)) as running:
+        client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="x", max_retries=0)
+        try:
+
+            async def ask(model: str, **headers: str) -> tuple[str, str, str]:
+                raw = await client.completions.with_raw_response.create(
+                    model=model, prompt=prompt, max_tokens=3, extra_headers=headers
+                )
+                return (
+                    raw.parse().model,
+                    raw.headers["x-kvstack-decision"],
+                    raw.headers["x-kvstack-backend"],
+                )
+
+            served, decision, backend = await ask("support")
+            assert served == "support@1" and decode_url in backend
+            assert "pd=adapter_not_hot" in decision and prefilled == []
+            for _ in range(200):  # the prefill engine loads it in the background
+                if control.manager.residency(prefill_url, "support@1") is Tier.HOT:
+                    break
+                await asyncio.sleep(0.05)
+            served, decision, backend = await ask("support")
+            assert served == "support@1" and decode_url in backend
+            assert f"pd=remote:{prefill_url}" in decision and prefilled == ["support@1"]
+            prefill_engine = control.manager.engine(prefill_url)
+            assert prefill_engine.cache.entries["support@1"].in_flight == 0  # hold released
+
+            served, decision, _ = await ask("sales", **{"x-kvstack-request-class": "tight"})
+            assert served == "toy-base" and "pd=remote:" in decision
+            assert prefilled == ["support@1", "toy-base"]
+
+            def broken(*_args: object) -> None:
+                raise LoRAError("the manager is confused")
+
+            monkeypatch.setattr(control.manager, "hold_for_prefill", broken)
+            served, decision, _ = await ask("support")  # the request goes on without a prefill
+            assert served == "support@1" and "pd=failed:adapter" in decision
+            assert control.manager.metrics.invariants == {
+                "pinned_eviction": 0,
+                "wrong_version": 0,
+                "unverified_load": 0,
+            }
+        finally:
+            await client.close()

@@ -12,25 +12,19 @@ import httpx
 import openai
 import pytest
 
-from kvstack.lora.audit import AuditLog
-from kvstack.lora.basemodel import BaseModelDims
-from kvstack.lora.config import EngineSpec, LoRAConfig, RequestClassBudget
+from kvstack.lora.config import EngineSpec, RequestClassBudget
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.decision import Action
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.manager import AdapterCacheManager
 from kvstack.lora.plane import ControlPlane
-from kvstack.lora.registry import AdapterRegistry
 from kvstack.lora.residency import Tier
 from kvstack.lora.resolver import Resolver
-from kvstack.lora.signing import TrustedKeys
-from kvstack.lora.store.dir import DirStore
 from kvstack.lora.upkeep import reconcile, sync_releases
-from kvstack.lora.verify import Verifier
 from kvstack.router.router import Router
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
-from tests.lora.adapters import peft_adapter
+from tests.lora.adapters import peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router
 
 pytestmark = pytest.mark.vllm
@@ -62,24 +56,6 @@ def peft_sources(toy_model: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return root
 
 
-def _plane(tmp: Path, sources: Path, keys: tuple[Path, Path], toy_model: Path) -> ControlPlane:
-    config = LoRAConfig(
-        registry_url=f"sqlite:///{tmp / 'r.db'}",
-        artifact_store=f"file://{tmp / 's'}",
-        source_allowlist=[sources.as_uri() + "/"],
-        trusted_keys=[str(keys[1])],
-    )
-    dims = BaseModelDims.from_config_dir("toy", toy_model)
-    verifier = Verifier(config, {"toy": dims}, TrustedKeys.load(config.trusted_keys))
-    return ControlPlane(
-        config,
-        AdapterRegistry(config.registry_url),
-        DirStore(tmp / "s"),
-        verifier,
-        AuditLog(config.registry_url),
-    )
-
-
 async def _complete(client: openai.AsyncOpenAI, model: str) -> tuple[str, str]:
     r = await client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0)
     return r.model, r.choices[0].text
@@ -92,7 +68,7 @@ async def test_load_serve_evict_publish_in_flight_rollback(
     toy_model: Path,
     tmp_path: Path,
 ) -> None:
-    plane = _plane(tmp_path, peft_sources, keypair, toy_model)
+    plane = real_plane(tmp_path, peft_sources, keypair, toy_model)
     for adapter_id, version, src in (
         ("a", "1", "a-v1"),
         ("a", "2", "a-v2"),
@@ -220,7 +196,7 @@ async def test_router_resolves_and_loads_adapters_on_a_real_engine(
 ) -> None:
     """The whole request path: the official client asks the router for ``routed``; the registry
     resolves it, the manager verifies and loads it into vLLM, the answer is the adapter's."""
-    plane = _plane(tmp_path, peft_sources, keypair, toy_model)
+    plane = real_plane(tmp_path, peft_sources, keypair, toy_model)
     plane.register(str(peft_sources / "b-v1"), "routed", "1", "toy", "acme", "gold", "test")
     plane.sign("routed", "1", keypair[0], "test")
     spec = EngineSpec(

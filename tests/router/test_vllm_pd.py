@@ -28,11 +28,19 @@ import httpx
 import pytest
 
 from kvstack.index.radix import Namespace, Owner
+from kvstack.lora.config import EngineSpec, RequestClassBudget
+from kvstack.lora.control import LoRAControl
+from kvstack.lora.driver import HTTPEngineDriver
+from kvstack.lora.plane import ControlPlane
+from kvstack.lora.residency import Tier
+from kvstack.lora.signing import generate_keypair
 from kvstack.models.toy import _WORDS
 from kvstack.router.prefix.state import PrefixState
+from kvstack.router.router import Router
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
 from tests.conftest import free_port
 from tests.e2e.engines import metric_total, wait_metric
+from tests.lora.adapters import peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router, until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -57,6 +65,10 @@ def _engine(model: Path, logs: Path, name: str, role: str, tier: str, events: in
         kv_transfer_config=connector_config([tier], role=role),
         kv_events_endpoint=f"tcp://*:{events}",
         env={"VLLM_SERVER_DEV_MODE": "1"},  # /reset_prefix_cache
+        enable_lora=True,  # runtime loading, for adapters the control plane manages
+        max_loras=2,
+        max_cpu_loras=4,
+        max_lora_rank=16,
     )
     return VLLMServer(spec, logs / f"{name}.log")
 
@@ -93,8 +105,10 @@ def _direct(engine: VLLMServer, prompt: str, max_tokens: int) -> list[int]:
     return list(response.json()["choices"][0]["token_ids"])
 
 
-async def _through_router(url: str, prompt: str, max_tokens: int) -> tuple[list[int], str]:
-    body = {"model": "toy", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+async def _through_router(
+    url: str, prompt: str, max_tokens: int, model: str = "toy"
+) -> tuple[list[int], str]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "return_token_ids": True, "ignore_eos": True, "stream": True}  # fmt: skip
     tokens: list[int] = []
     async with (
@@ -148,3 +162,59 @@ async def _precise_view_covers_prompt(state: PrefixState, backend: str, prompt: 
     await until(lambda: state.is_precise(backend), 30)
     await until(lambda: state.index.match(Namespace("toy"), tokens).tokens(gpu) >= full_blocks)
     state.index.check_integrity()
+
+
+async def test_pd_with_a_managed_adapter(pd_engines: PDEngines, tmp_path: Path) -> None:
+    """A request for a registered adapter: both steps run the adapter, under the same name, so
+    the decode engine finds the prefill engine's chunks (kvstack's keys include the adapter).
+
+    1. The adapter is hot nowhere: the decode engine loads it (the request waits), the prefill
+       engine is not made to wait (``pd=adapter_not_hot``) and loads it in the background; the
+       decode engine's own answer is the reference.
+    2. With the decode engine's prefix cache reset, the same request prefills remotely with the
+       adapter, the decode engine loads the chunks, and the answer is the reference.
+    """
+    e = pd_engines
+    keys = tmp_path / "signer.pem", tmp_path / "signer.pub.pem"
+    generate_keypair(*keys)
+    peft_adapter(e.model, tmp_path / "sources" / "docs", seed=31)
+    plane = real_plane(tmp_path, tmp_path / "sources", keys, e.model)
+    plane.register(str(tmp_path / "sources" / "docs"), "docs", "1", "toy", "acme", "gold", "t")
+    plane.sign("docs", "1", keys[0], "t")
+    specs = [
+        EngineSpec(url=engine.url, base_model="toy", served_model_name="toy",
+                   warm_dir=str(tmp_path / f"warm-{i}"), gpu_slots=2, host_slots=3)
+        for i, engine in enumerate((e.prefill, e.decode))
+    ]  # fmt: skip
+    classes = {
+        "interactive": RequestClassBudget(cold_start_budget_s=None),  # wait for loads
+        "background": RequestClassBudget(max_concurrent_cold_loads=2),  # the prefill's load
+    }
+    lora = plane.config.model_copy(update={"engines": specs, "request_classes": classes})
+    same = ControlPlane(lora, plane.registry, plane.store, plane.verifier, plane.audit)
+    control = LoRAControl(lora, same, HTTPEngineDriver())
+    config = _config(e)
+    config.adapters.enabled = True
+    config.timeouts.total_s = 300
+    prompt = _prompt(1100, seed=8)
+    async with serve_router(config, Router(config, lora=control)) as r:
+        reference, decision = await _through_router(r.url, prompt, 12, model="docs")
+        assert "pd=adapter_not_hot" in decision
+        await until(lambda: control.manager.residency(e.prefill.url, "docs@1") is Tier.HOT, 60)
+        reset = await asyncio.to_thread(
+            httpx.post, f"{e.decode.url}/reset_prefix_cache", timeout=60
+        )
+        reset.raise_for_status()
+        hits_before = await asyncio.to_thread(metric_total, e.decode, HITS)
+        tokens, decision = await _through_router(r.url, prompt, 12, model="docs")
+        assert f"pd=remote:{e.prefill.url}" in decision
+        assert tokens == reference
+        hits = await asyncio.to_thread(wait_metric, e.decode, HITS, hits_before + 256)
+        assert hits - hits_before >= 1024
+        base, _ = await _through_router(r.url, prompt, 12)
+        assert base != reference  # the adapter changed the answer: it was applied
+        assert control.manager.metrics.invariants == {
+            "pinned_eviction": 0,
+            "wrong_version": 0,
+            "unverified_load": 0,
+        }

@@ -10,9 +10,11 @@ the artifact store), and per request decides, under the request class's cold-sta
 Loads are single-flight per (engine, adapter): concurrent requests for a cold adapter share one
 load. A request that arrives while the prediction for its adapter's tier exceeds its budget is
 not made to wait: it falls back to the base model (when its tenant allows) or is refused with
-Retry-After, and a prewarm starts either way. In-flight requests keep their version: an
-adapter with requests in flight is never unloaded, and a superseded version is unloaded once
-its last request finishes. Reconciliation and sweeps live in :mod:`kvstack.lora.upkeep`.
+Retry-After, and a prewarm starts either way. A remote prefill step (prefill/decode
+disaggregation) uses the adapter only where it is hot already (:meth:`hold_for_prefill`).
+In-flight requests keep their version: an adapter with requests in flight is never unloaded,
+and a superseded version is unloaded once its last request finishes. Reconciliation and sweeps
+live in :mod:`kvstack.lora.upkeep`.
 """
 
 from __future__ import annotations
@@ -214,6 +216,22 @@ class AdapterCacheManager:
         return await self._wait_for_load(
             eng, adapter, start, klass, request_class, budget, predicted
         )
+
+    def hold_for_prefill(
+        self, engine_url: str, adapter: AdapterVersion | Resolution
+    ) -> Decision | None:
+        """A hold on ``adapter`` for a remote prefill step on ``engine_url`` when it is hot there
+        (``finish`` releases it); else None, and a background load starts there. The step never
+        waits for a load: the decode engine computes the prompt itself instead, and a later
+        request for the adapter finds it hot on the prefill engine."""
+        if isinstance(adapter, Resolution):
+            adapter = adapter.adapter
+        eng, name = self.engine(engine_url), adapter.engine_name
+        eng.stats.get(name).on_request(self.clock(), self.policy_config.qps_window_s)
+        if eng.cache.residency(name) is Tier.HOT:
+            return serve(self, eng, adapter, Tier.HOT, 0.0, 0.0)
+        self.prewarm_on(eng, adapter, "background")
+        return None
 
     async def _wait_for_load(
         self,

@@ -16,6 +16,9 @@ With ``router.adapters.enabled``, a request for ``model: tenant-a-support`` goes
    the request class's cold-start budget (``x-kvstack-request-class``). It answers *serve*
    (the body's ``model`` becomes ``adapter_id@version``), *fallback* (the base model, marked
    in ``x-kvstack-adapter-fallback``) or *reject* (503 with ``Retry-After``).
+   For a prefill/decode model, the remote prefill step then runs with the same ``model`` on a
+   prefill engine where the adapter is hot already; where it is not, a background load starts
+   there and the decode engine computes the prompt itself (a prefill never waits for a load).
 5. **finish**: when the attempt ends, the manager learns the outcome, the TTFT (cold or warm)
    and the model the engine answered with (a wrong version is counted as a violation), and
    releases the adapter for eviction.
@@ -184,6 +187,14 @@ class AdapterGate:
             )
         rewritten = encode_body({**request.body, "model": decision.model})
         return decision, rewritten, headers
+
+    def hold_for_prefill(self, request: RoutingRequest, backend: BackendView) -> Decision | None:
+        """A hold on the request's adapter for a remote prefill step on ``backend`` when it is
+        hot there, else None (a background load starts there); see
+        :meth:`kvstack.lora.manager.AdapterCacheManager.hold_for_prefill`."""
+        resolution: Resolution = request.scratch[ADAPTER_KEY]
+        url = self._engine_url(backend.url)
+        return self.control.manager.hold_for_prefill(url, resolution)
 
     def _engine_url(self, backend_url: str) -> str:
         for url in self.control.manager.engines:

@@ -11,16 +11,24 @@ connector there runs as ``kv_producer`` and writes the prompt's chunks to the sh
 the step returns. The original request then goes to the decode backend (``kv_consumer``), whose
 connector loads those chunks instead of computing them. A failed or slow prefill step costs
 only time: the decode backend computes the prompt itself.
+
+A request for a managed LoRA adapter prefills with the adapter the decode backend serves it
+with (kvstack's chunk keys include the adapter, so only that KV is of use), on a prefill
+backend where the adapter is hot already; where none is, a background load starts on the chosen
+one and the decode backend computes the prompt (outcome ``adapter_not_hot``). When the decode
+backend falls back to the base model, so does the prefill.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from kvstack.errors import NoBackendError, UpstreamError
+from kvstack.errors import KVStackError, NoBackendError, UpstreamError
+from kvstack.lora.decision import Action
 from kvstack.metrics import counter, histogram
 from kvstack.router.backends import BackendState, BackendView
 from kvstack.router.config_scheduling import PDConfig
@@ -30,6 +38,10 @@ from kvstack.router.relay import Relay
 from kvstack.router.request import RoutingRequest, encode_body
 from kvstack.router.upstream_pool import Deadline
 
+if TYPE_CHECKING:
+    from kvstack.lora.decision import Decision as AdapterDecision
+    from kvstack.router.adapters import AdapterGate
+
 __all__ = ["PrefillOutcome", "PrefillStep"]
 
 PREFILLS = counter(
@@ -37,11 +49,12 @@ PREFILLS = counter(
 )
 PREFILL_S = histogram("kvstack_router_pd_prefill_seconds", "Remote prefill step duration")
 REMOTE_KEY = "pd_remote_prefill"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
 class PrefillOutcome:
-    outcome: str  # remote | short_suffix | no_prefill_backend | failed:<kind>
+    outcome: str  # remote | short_suffix | no_prefill_backend | adapter_not_hot | failed:<kind>
     backend: str = ""
     seconds: float = 0.0
     uncached_tokens: int = 0
@@ -61,10 +74,17 @@ def prefill_candidates(backends: Sequence[BackendView], exclude: str) -> list[Ba
 
 
 class PrefillStep:
-    def __init__(self, config: PDConfig, pipeline: Pipeline, relay: Relay) -> None:
+    def __init__(
+        self,
+        config: PDConfig,
+        pipeline: Pipeline,
+        relay: Relay,
+        adapters: AdapterGate | None = None,
+    ) -> None:
         self.config = config
         self.pipeline = pipeline
         self.relay = relay
+        self.adapters = adapters
         self.models = frozenset(config.models)
 
     def applies(self, request: RoutingRequest) -> bool:
@@ -79,22 +99,46 @@ class PrefillStep:
         decode: Decision,
         uncached_tokens: int,
         observers: Sequence[RequestObserver],
+        adapter: AdapterDecision | None = None,
     ) -> PrefillOutcome:
-        """Prefill remotely if it pays; never raises for a failed prefill."""
+        """Prefill remotely if it pays; never raises for a failed prefill. ``adapter`` is the
+        decode backend's adapter decision, if the request is for a managed adapter."""
         if uncached_tokens < self.config.min_remote_prefill_tokens:
             return self._count(PrefillOutcome("short_suffix", uncached_tokens=uncached_tokens))
         candidates = prefill_candidates(backends, decode.backend.id)
-        if not candidates:
-            return self._count(
-                PrefillOutcome("no_prefill_backend", uncached_tokens=uncached_tokens)
-            )
         try:
+            if self.adapters is not None:
+                candidates = self.adapters.candidates(request, candidates)
+            if not candidates:
+                raise NoBackendError("no prefill backend")
             chosen = self.pipeline.decide(request, candidates)
         except NoBackendError:
             return self._count(
                 PrefillOutcome("no_prefill_backend", uncached_tokens=uncached_tokens)
             )
-        done = await self._prefill(request, path, headers, chosen, uncached_tokens, observers)
+        model, hold = request.target, None
+        if adapter is not None:
+            model = adapter.model
+            if adapter.action is Action.SERVE:
+                assert self.adapters is not None
+                try:
+                    hold = self.adapters.hold_for_prefill(request, chosen.backend)
+                except KVStackError as exc:  # the request goes on; the prefill step is skipped
+                    log.warning("no adapter hold for a prefill on %s: %s", chosen.backend.id, exc)
+                    return self._count(
+                        PrefillOutcome("failed:adapter", chosen.backend.id, 0.0, uncached_tokens)
+                    )
+                if hold is None:
+                    return self._count(
+                        PrefillOutcome("adapter_not_hot", chosen.backend.id, 0.0, uncached_tokens)
+                    )
+        try:
+            done = await self._prefill(
+                request, path, headers, chosen, uncached_tokens, observers, model
+            )
+        finally:
+            if hold is not None:
+                hold.finish(ok=True)
         return self._count(done)
 
     async def _prefill(
@@ -105,6 +149,7 @@ class PrefillStep:
         chosen: Decision,
         uncached_tokens: int,
         observers: Sequence[RequestObserver],
+        model: str,
     ) -> PrefillOutcome:
         state = cast(BackendState, chosen.backend)
         lease = state.load.acquire(uncached_tokens)
@@ -115,7 +160,7 @@ class PrefillStep:
         deadline = Deadline(self.config.prefill_timeout_s, "prefill")
         try:
             status, _ = await self.relay.fetch(
-                state.url, path, headers, encode_body(prefill_body(request)), state.id,
+                state.url, path, headers, encode_body(prefill_body(request, model)), state.id,
                 deadline,
             )  # fmt: skip
             if status != 200:
@@ -140,11 +185,11 @@ class PrefillStep:
         return outcome
 
 
-def prefill_body(request: RoutingRequest) -> dict[str, Any]:
+def prefill_body(request: RoutingRequest, model: str) -> dict[str, Any]:
     """The request as a prefill step: one token, one choice, not streamed, same prompt."""
     drop = ("stream", "stream_options", "n", "best_of")
     out: dict[str, Any] = {k: v for k, v in request.body.items() if k not in drop}
-    out["model"] = request.target
+    out["model"] = model
     out["max_tokens"] = 1
     if "max_completion_tokens" in out:
         out["max_completion_tokens"] = 1

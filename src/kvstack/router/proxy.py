@@ -67,7 +67,9 @@ class Proxy:
         self._rng = rng or random.Random()
         retry_statuses = frozenset(config.retry.on_status)
         self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
-        self.pd = PrefillStep(config.pd, pipeline, self._relay) if config.pd.models else None
+        self.pd = (
+            PrefillStep(config.pd, pipeline, self._relay, adapters) if config.pd.models else None
+        )
         key = config.auth.upstream_api_key
         self._upstream_auth = None if key is None else f"Bearer {key.get_secret_value()}"
         self._drop_client_auth = config.auth.api_keys_file is not None or bool(config.auth.api_keys)
@@ -110,8 +112,6 @@ class Proxy:
                 if failure is None:
                     raise
                 break
-            if attempt == 0 and self.pd is not None and self.pd.applies(request):
-                decision = await self._prefill_remotely(request, headers, everyone, decision)
             tried.append(decision.backend.id)
             exchange.attempts = attempt + 1
             self.telemetry.decision(decision.reason)
@@ -119,6 +119,15 @@ class Proxy:
             sent, extra = body, list[tuple[bytes, bytes]]()
             if self.adapters is not None:  # load the LoRA adapter there first (budgets apply)
                 adapter, sent, extra = await self.adapters.admit(request, decision.backend, body)
+            if attempt == 0 and self.pd is not None and self.pd.applies(request):
+                try:  # with the model the decode backend serves it with
+                    decision = await self._prefill_remotely(
+                        request, headers, everyone, decision, adapter
+                    )
+                except BaseException:
+                    if adapter is not None:
+                        adapter.finish(ok=False)
+                    raise
             try:
                 await self._attempt(
                     request, sent, headers, send, exchange, decision, total, adapter, extra
@@ -152,12 +161,14 @@ class Proxy:
         headers: dict[str, str],
         everyone: Sequence[BackendView],
         decision: Decision,
+        adapter: AdapterDecision | None,
     ) -> Decision:
         assert self.pd is not None
         uncached = prefill_tokens(request, decision.backend.id)
         outcome = await self.pd.run(
-            request, PATHS[request.endpoint], headers, everyone, decision, uncached, self.observers
-        )
+            request, PATHS[request.endpoint], headers, everyone, decision, uncached,
+            self.observers, adapter,
+        )  # fmt: skip
         return dataclasses.replace(decision, notes=(*decision.notes, outcome.note()))
 
     async def _attempt(
