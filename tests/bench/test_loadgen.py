@@ -40,8 +40,10 @@ def engine_mean(url: str, name: str) -> float:
 
 
 def test_open_loop_measures_what_the_engine_saw(sim_process: SimProcessFactory) -> None:
-    # Stalls over 5 ms count as lag, and lag skips the comparison: on a host that starves
-    # processes of CPU, the client's clock and the engine's part ways for reasons of its own.
+    # Stalls over 5 ms count as lag. The client's clock sees a stall the engine's model does
+    # not, so lag widens the tolerance by its own size (a bound: each stall delays at most the
+    # few requests in flight, by its length); a host that starved the engine of more than
+    # 0.1 s in 6 s skips the comparison.
     (url,) = sim_process(**(TIMING | {"prefill_tokens_per_s": 8000.0, "catch_up_wall_s": 0.005}))
     plan = LoadPlan(rate=10.0, duration_s=6.0, seed=1)  # prefill 25% busy
     run = load(url, plan)
@@ -51,14 +53,14 @@ def test_open_loop_measures_what_the_engine_saw(sim_process: SimProcessFactory) 
     summary = summarize(run.results, run.duration_s, SLO()).overall
     assert summary.prompt_tokens_mismatched == 0
     lag = engine_total(url, "kvstack_sim_step_lag_seconds_total")
-    if lag > 0:
+    if lag > 0.1:
         pytest.skip(f"this machine starved the simulator of CPU ({lag:.3f} s of step lag)")
     # The client sees what the engine saw, plus a little HTTP time.
     ttft = engine_mean(url, "vllm:time_to_first_token_seconds")
     tpot = engine_mean(url, "vllm:request_time_per_output_token_seconds")
     assert ttft >= 0.02 + 200 / 8000  # never faster than one prefill step
-    assert summary.ttft_s.mean == pytest.approx(ttft, rel=0.15, abs=0.02)
-    assert summary.tpot_s.mean == pytest.approx(tpot, rel=0.15, abs=0.005)
+    assert summary.ttft_s.mean == pytest.approx(ttft, rel=0.15, abs=0.02 + lag)
+    assert summary.tpot_s.mean == pytest.approx(tpot, rel=0.15, abs=0.005 + lag / 10)
 
 
 def test_time_scale_converts_rates_and_times(sim_fleet: FleetFactory) -> None:
