@@ -1,4 +1,4 @@
-"""``kvstack bench kv --quick`` runs end to end and writes the documented JSON shape."""
+"""``kvstack bench kv --quick --shared`` runs end to end and writes the documented JSON shape."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def test_bench_kv_quick_writes_the_json_shape(tmp_path: Path) -> None:
             str(tmp_path),
             "--rounds",
             "1",
+            "--shared",
         ],
         capture_output=True,
         text=True,
@@ -45,6 +46,9 @@ def test_bench_kv_quick_writes_the_json_shape(tmp_path: Path) -> None:
     assert all("ok" in bar for bar in report["bars"].values())
     assert "memcpy (ref)" in proc.stdout and "lookup of a 128K-token prompt" in proc.stdout
     assert not list(tmp_path.glob("kvstack-bench-kv-*")), "the benchmark left files behind"
+    shared = report["shared"]  # the shared tiers, measured by the same command
+    assert shared["redis"]["tuned_get_gbps"] > 0 and shared["peer"]["get_gbps"] > 0
+    assert "redis batched get" in proc.stdout and "peer fetch" in proc.stdout
 
 
 def test_bench_kv_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:

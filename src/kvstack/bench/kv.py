@@ -1,4 +1,5 @@
-"""``kvstack bench kv [--json FILE] [--quick] [--dir DIR] [--rounds N] [--threads N] [--clock C]``
+"""``kvstack bench kv [--json FILE] [--quick] [--dir DIR] [--rounds N] [--threads N] [--clock C]
+[--shared] [--s3]``
 
 Store and retrieve throughput of each KV tier in GB/s on the chunk shape of Llama-3-8B (32
 layers, 8 KV heads, head dim 128, bf16: 32 MiB per 256-token chunk) and of a small model, against
@@ -13,6 +14,9 @@ Prints a table with the ratios and the performance bars; ``--json`` writes::
 where the top-level figures are the Llama-3-8B shape's. ``--dir`` sets where files go (default:
 a temporary directory; the figures describe that filesystem). ``--clock cpu`` times with this
 process's CPU time instead of elapsed time (see :data:`kvstack.bench.kv_measure.CLOCKS`).
+``--shared`` adds the shared tiers of the same run — Redis batched get and peer fetch of
+32 MiB chunks against loopback TCP (``--s3``: and S3 on moto's server), as ``kvstack bench
+shared`` measures them — under ``"shared"`` in the JSON.
 """
 
 from __future__ import annotations
@@ -103,6 +107,15 @@ def run(argv: list[str]) -> int:
         shutil.rmtree(root, ignore_errors=True)
     report = build_report(results, lookup, _settings(args, rounds, chunks, root))
     _print(report, Console())
+    if args.shared:
+        from kvstack.bench import shared_tiers
+
+        print()
+        shared = shared_tiers.run_shared_tier_bench(
+            1 if args.quick else 8, 1 if args.quick else 7, args.s3
+        )
+        shared_tiers.print_result(shared)
+        report["shared"] = shared
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
@@ -122,6 +135,12 @@ def _parser() -> argparse.ArgumentParser:
         help="wall: elapsed time (default); cpu: this process's CPU time, steadier on a busy "
         "shared machine but blind to disk waits (fsync figures are then meaningless)",
     )
+    p.add_argument(
+        "--shared",
+        action="store_true",
+        help="also the shared tiers: Redis and peer against loopback TCP (needs redis-server)",
+    )
+    p.add_argument("--s3", action="store_true", help="with --shared: also S3 on moto's server")
     return p
 
 

@@ -45,7 +45,7 @@ from kvstack.kv.remote.redis_server import large_value_env
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier, make_tier
 
-__all__ = ["run", "run_shared_tier_bench"]
+__all__ = ["print_result", "run", "run_shared_tier_bench"]
 
 CHUNK_SHAPE = (32, 2, 256, 8, 128)  # Llama-3-8B, 256 tokens, bf16: 32 MiB
 CHUNK_BYTES = torch.Size(CHUNK_SHAPE).numel() * 2
@@ -258,7 +258,7 @@ def _verdict(ok: bool) -> str:
     return "PASS" if ok else "FAIL"
 
 
-def _print(result: dict[str, Any]) -> None:
+def print_result(result: dict[str, Any]) -> None:
     tcp, bars = result["tcp_loopback_gbps"], result["bars"]
     r, p = result["redis"], result["peer"]
     mib = result["chunk_bytes"] / 2**20
@@ -283,7 +283,7 @@ def _print(result: dict[str, Any]) -> None:
 
 def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kvstack.bench.shared_tiers",
+        prog="kvstack bench shared",
         description="Redis batched get and peer fetch of 32 MiB chunks against loopback TCP.",
     )
     parser.add_argument("--chunks", type=int, default=8, help="32 MiB chunks per batched call")
@@ -292,7 +292,7 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
     result = run_shared_tier_bench(args.chunks, args.rounds, args.s3)
-    _print(result)
+    print_result(result)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
