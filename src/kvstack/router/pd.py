@@ -132,13 +132,14 @@ class PrefillStep:
                     return self._count(
                         PrefillOutcome("adapter_not_hot", chosen.backend.id, 0.0, uncached_tokens)
                     )
+        done = PrefillOutcome("failed:cancelled", chosen.backend.id)
         try:
             done = await self._prefill(
                 request, path, headers, chosen, uncached_tokens, observers, model
             )
         finally:
-            if hold is not None:
-                hold.finish(ok=True)
+            if hold is not None:  # the adapter's outcome, as a decode attempt reports it
+                hold.finish(ok=done.outcome == "remote")
         return self._count(done)
 
     async def _prefill(
