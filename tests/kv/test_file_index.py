@@ -5,12 +5,14 @@ from __future__ import annotations
 from kvstack.kv.tiers.file_index import FileIndex
 from tests.kv.tier_contract import key
 
+NO_DELETE = lambda _key: None  # noqa: E731 - a commit that is not cancelled deletes nothing
+
 
 def test_reserve_evicts_in_policy_order_and_deletes_under_the_lock() -> None:
     index = FileIndex(300, "lru")
     for i in range(3):
         assert index.reserve(100, lambda k: None)[0]
-        assert index.commit(key(i), 100, lambda: False)
+        assert index.commit(key(i), 100, lambda: False, NO_DELETE)
     index.seen(key(0), 100)  # recently used
     deleted: list[bytes] = []
     fits, victims = index.reserve(150, deleted.append)
@@ -39,9 +41,16 @@ def test_adopt_probes_only_unknown_keys() -> None:
 def test_commit_after_cancel_releases_the_reservation() -> None:
     index = FileIndex(1000, "lru")
     assert index.reserve(100, lambda k: None)[0]
-    assert not index.commit(key(1), 100, lambda: True)
-    assert index.usage() == (0, 0)
+    deleted: list[bytes] = []
+    assert not index.commit(key(1), 100, lambda: True, deleted.append)
+    assert index.usage() == (0, 0) and deleted == [key(1)]
     assert index.reserve(100, lambda k: None)[0]
     index.seen(key(2), 100)  # adopted while being written: counted once
-    assert index.commit(key(2), 100, lambda: False) and index.usage() == (1, 100)
+    assert index.commit(key(2), 100, lambda: False, NO_DELETE) and index.usage() == (1, 100)
+    index.check()
+    # Adopted while being written, then removed: the adoption goes with the file.
+    assert index.reserve(100, lambda k: None)[0]
+    index.seen(key(3), 100)
+    assert not index.commit(key(3), 100, lambda: True, deleted.append)
+    assert index.usage() == (1, 100) and deleted == [key(1), key(3)]
     index.check()

@@ -300,9 +300,50 @@ def test_queued_chunks_are_readable_and_removable(
     got = tier.get(key(0))
     assert got is not None and torch.equal(got, chunk(0))
     assert tier.remove(key(1)) and tier.remove(key(0))  # queued, and in flight
+    assert tier.contains_many([key(0), key(1)]) == [False, False]  # gone at once
+    assert tier.get(key(0)) is None and not tier.get_into(key(1), out)
     gate.set()
     assert tier.flush(timeout_s=30)
     assert [tier.contains(key(i)) for i in range(3)] == [False, False, True]
     assert sorted(p.name[:8] for p in tmp_path.glob("??/*.kvc")) == [key(2).hex()[:8]]
+    tier.check_integrity()
+    tier.close()
+
+
+def test_a_chunk_removed_after_its_file_is_written_but_before_it_is_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is on disk, so a probe (for files of other processes) would adopt it: the
+    removal must win all the same, and a new put of the same chunk must not be lost."""
+    entered, gate = threading.Event(), threading.Event()
+    real = chunkfile.write_chunk_file
+
+    def written_then_blocked(*args: Any, **kw: Any) -> None:
+        real(*args, **kw)
+        entered.set()
+        gate.wait(30)
+
+    monkeypatch.setattr(chunkfile, "write_chunk_file", written_then_blocked)
+    tier = FileTier(tmp_path, 100 * FILE_BYTES)
+    assert tier.put(key(0), chunk(0)) and entered.wait(10)
+    assert chunkfile.chunk_path(tmp_path, key(0)).exists()
+    assert tier.remove(key(0))
+    assert not tier.contains(key(0)) and tier.get(key(0)) is None
+    gate.set()
+    assert tier.flush(timeout_s=30)
+    assert not tier.contains(key(0)) and not list(tmp_path.glob("??/*.kvc"))
+    tier.check_integrity()
+
+    entered.clear()
+    gate.clear()
+    assert tier.put(key(1), chunk(1)) and entered.wait(10)
+    assert tier.remove(key(1))
+    assert tier.put(key(1), chunk(1))  # stored again while its first write is in flight
+    assert tier.contains(key(1))
+    gate.set()
+    assert tier.flush(timeout_s=30)
+    got = tier.get(key(1))
+    assert got is not None and torch.equal(got, chunk(1))
+    assert tier.stats().entries == 1
     tier.check_integrity()
     tier.close()

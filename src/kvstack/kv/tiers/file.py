@@ -111,6 +111,8 @@ class FileTier(Tier):
     def contains(self, key: ChunkKey) -> bool:
         if key in self._index or self._writer.pending(key):
             return True
+        if self._writer.is_cancelled(key):  # removed while being written: its file is going
+            return False
         path = self._path(key)  # written by another process sharing the directory?
         return self._index.adopt(key, lambda: _file_size(path))
 
@@ -133,6 +135,9 @@ class FileTier(Tier):
         if queued is not None:  # not written yet: serve it from the queue
             self._metrics.hit(queued.numel() * queued.element_size(), time.perf_counter() - start)
             return queued.clone()
+        if self._writer.is_cancelled(key):
+            self._metrics.miss()
+            return None
         try:
             with open(self._path(key), "rb", buffering=0) as f:
                 header = chunkfile.read_header(f, key)
@@ -154,6 +159,9 @@ class FileTier(Tier):
             out.copy_(queued)
             self._metrics.hit(queued.numel() * queued.element_size(), time.perf_counter() - start)
             return True
+        if self._writer.is_cancelled(key):
+            self._metrics.miss()
+            return False
         direct = out.is_contiguous() and out.device.type == "cpu"
         try:
             with open(self._path(key), "rb", buffering=0) as f:
@@ -239,9 +247,10 @@ class FileTier(Tier):
         except BaseException:
             self._index.release(size)
             raise
-        if not self._index.commit(key, size, lambda: self._writer.take_cancelled(key)):
-            _unlink(self._path(key))  # removed while being written
-            return
+        if not self._index.commit(
+            key, size, lambda: self._writer.is_cancelled(key), lambda k: _unlink(self._path(k))
+        ):
+            return  # removed while being written
         self._metrics.wrote(size, time.perf_counter() - start)
         self._emit(TierEvent("stored", self.name, key))
 
@@ -269,12 +278,17 @@ class FileTier(Tier):
     def remove(self, key: ChunkKey) -> bool:
         with self._index.locked():  # ordered with the writer's commit of the same key
             queued = self._writer.pending(key)
-            self._writer.cancel(key)
-        try:
-            os.unlink(self._path(key))
-            existed = True
-        except FileNotFoundError:
-            existed = queued
+            writing = self._writer.cancel(key)
+            indexed = key in self._index
+        existed = queued
+        # A write in flight deletes its own file when it commits, or keeps it if the chunk is
+        # put again meanwhile: unlinking it here would leave that second put without a file.
+        if indexed or not writing:
+            try:
+                os.unlink(self._path(key))
+                existed = True
+            except FileNotFoundError:
+                pass
         forgot = self._index.forget(key)
         if existed or forgot:
             self._emit(TierEvent("removed", self.name, key, reason="removed"))

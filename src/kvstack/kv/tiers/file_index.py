@@ -89,13 +89,25 @@ class FileIndex:
         with self._lock:
             self._used -= size
 
-    def commit(self, key: ChunkKey, size: int, cancelled: Callable[[], bool]) -> bool:
-        """Index a written file of ``size`` reserved bytes; False (reservation released) if
-        ``cancelled()`` says it was removed while being written. ``cancelled`` runs under the
-        index lock, so it is ordered with removals that take the lock too."""
+    def commit(
+        self,
+        key: ChunkKey,
+        size: int,
+        cancelled: Callable[[], bool],
+        delete: Callable[[ChunkKey], None],
+    ) -> bool:
+        """Index a written file of ``size`` reserved bytes; False if ``cancelled()`` says it was
+        removed while being written: then the reservation is released, an entry adopted
+        meanwhile dropped, and ``delete(key)`` removes the file. Both run under the index lock,
+        so they are ordered with removals and adoptions, which take the lock too."""
         with self._lock:
             if cancelled():
                 self._used -= size
+                adopted = self._sizes.pop(key, None)
+                if adopted is not None:
+                    self._policy.on_remove(key)
+                    self._used -= adopted
+                delete(key)
                 return False
             if key in self._sizes:  # adopted meanwhile: the reservation is not needed
                 self._used -= size

@@ -62,6 +62,9 @@ class BackgroundWriter(Generic[T]):
             if self._closed:
                 return False
             if key in self._pending:
+                # Being written but removed meanwhile: the write in flight stands again (the
+                # same key is the same content).
+                self._cancelled.discard(key)
                 return True
             full = len(self._queue) >= self.max_items
             if full or (self._queue and self._queued_bytes + num_bytes > self.max_bytes):
@@ -74,17 +77,20 @@ class BackgroundWriter(Generic[T]):
         return True
 
     def pending(self, key: ChunkKey) -> bool:
-        return key in self._pending
+        """Whether ``key`` is queued or being written (and not cancelled)."""
+        return key in self._pending and key not in self._cancelled
 
     def peek(self, key: ChunkKey) -> T | None:
-        """The item for ``key`` if it is queued or being written, else None."""
-        return self._pending.get(key)
+        """The item for ``key`` if it is queued or being written (not cancelled), else None."""
+        item = self._pending.get(key)
+        return None if item is None or key in self._cancelled else item
 
-    def cancel(self, key: ChunkKey) -> None:
-        """Drop a queued item; one being written is marked (see :meth:`take_cancelled`)."""
+    def cancel(self, key: ChunkKey) -> bool:
+        """Drop a queued item; one being written is marked (see :meth:`is_cancelled`). True
+        when it is being written: the write callback then undoes its write."""
         with self._cond:
             if key not in self._pending:
-                return
+                return False
             for i, (queued, _, num_bytes) in enumerate(self._queue):
                 if queued == key:
                     del self._queue[i]
@@ -92,16 +98,15 @@ class BackgroundWriter(Generic[T]):
                     del self._pending[key]
                     self._outstanding -= 1
                     self._cond.notify_all()
-                    return
+                    return False
             self._cancelled.add(key)
+            return True
 
-    def take_cancelled(self, key: ChunkKey) -> bool:
-        """For the write callback: whether ``key`` was cancelled while being written."""
-        with self._cond:
-            if key in self._cancelled:
-                self._cancelled.discard(key)
-                return True
-            return False
+    def is_cancelled(self, key: ChunkKey) -> bool:
+        """Whether ``key`` was cancelled while being written. It stays so until the write
+        callback has returned: the callback undoes what it wrote, and until then readers must
+        not mistake its file for a stored chunk."""
+        return key in self._cancelled
 
     def state(self) -> QueueState:
         with self._cond:
