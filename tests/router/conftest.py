@@ -20,7 +20,8 @@ from tests.router.fake_engine import FakeEngine
 # Fast loops so that tests see health and metric changes within a fraction of a second.
 FAST = {
     "host": "127.0.0.1",
-    "health": {"interval_s": 0.1, "timeout_s": 0.5, "models_interval_s": 0.2},
+    # A generous check timeout: a busy host must not fail the first check of a live engine.
+    "health": {"interval_s": 0.1, "timeout_s": 2.0, "models_interval_s": 0.2},
     "scrape": {"interval_s": 0.05, "stale_after_s": 1.0},
     "retry": {"backoff_base_s": 0.001, "backoff_max_s": 0.01},
     "seed": 7,
