@@ -19,6 +19,10 @@ from kvstack.lora.signing import TrustedKeys
 from kvstack.lora.store.dir import DirStore
 from kvstack.lora.verify import Verifier
 
+# The control plane's invariants, all zero: pinned evictions, wrong-version answers, unverified
+# loads (LoRAMetrics.invariants).
+NO_VIOLATIONS = {"pinned_eviction": 0, "wrong_version": 0, "unverified_load": 0}
+
 TINY_DIMS = BaseModelDims(
     name="toy",
     hidden_size=128,

@@ -12,6 +12,7 @@ import pytest
 from kvstack.lora.decision import FALLBACK_HEADER, Action
 from kvstack.lora.residency import Tier
 from kvstack.lora.upkeep import ReconcileReport, reconcile, sweep, sync_releases
+from tests.lora.adapters import NO_VIOLATIONS
 from tests.lora.conftest import Setup
 
 URL = "http://engine-a"
@@ -34,11 +35,7 @@ async def test_cold_then_hot_and_audited(make_setup: Callable[..., Setup]) -> No
     load = s.plane.audit.entries(action="load", limit=1)[0]
     assert (load.decision, load.engine, load.digest) == ("accept", URL, a.sha256)
     assert s.manager.metrics.ttft_summary(start="cold").count == 1
-    assert s.manager.metrics.invariants == {
-        "pinned_eviction": 0,
-        "wrong_version": 0,
-        "unverified_load": 0,
-    }
+    assert s.manager.metrics.invariants == NO_VIOLATIONS
 
 
 async def test_concurrent_requests_share_one_load(make_setup: Callable[..., Setup]) -> None:

@@ -26,7 +26,7 @@ from kvstack.router.prompts import PromptRenderer
 from kvstack.router.request import parse_request
 from kvstack.router.router import Router
 from kvstack.sim.server import FleetThread
-from tests.lora.adapters import synthetic_adapter
+from tests.lora.adapters import NO_VIOLATIONS, synthetic_adapter
 from tests.router.conftest import router_config, serve_router
 
 ADMIN_KEY = "admin-secret"
@@ -144,11 +144,7 @@ async def _resolve_load_affinity_canary(
             assert r.status_code == 200, r.text
             answer = await client.completions.create(model="support", prompt="hi", max_tokens=2)
             assert answer.model == "support@1"
-        assert control.manager.metrics.invariants == {
-            "pinned_eviction": 0,
-            "wrong_version": 0,
-            "unverified_load": 0,
-        }
+        assert control.manager.metrics.invariants == NO_VIOLATIONS
     finally:
         await client.close()
 
@@ -333,10 +329,6 @@ async def test_prefill_decode_with_a_managed_adapter(
             monkeypatch.setattr(control.manager, "hold_for_prefill", broken)
             served, decision, _ = await ask("support")  # the request goes on without a prefill
             assert served == "support@1" and "pd=failed:adapter" in decision
-            assert control.manager.metrics.invariants == {
-                "pinned_eviction": 0,
-                "wrong_version": 0,
-                "unverified_load": 0,
-            }
+            assert control.manager.metrics.invariants == NO_VIOLATIONS
         finally:
             await client.close()

@@ -13,6 +13,7 @@ from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.residency import Tier
 from kvstack.lora.upkeep import reconcile
 from kvstack.sim.server import FleetThread
+from tests.lora.adapters import NO_VIOLATIONS
 from tests.lora.conftest import Setup
 
 
@@ -48,11 +49,7 @@ async def test_manager_over_simulated_engines(
         d = await s.manager.ensure_hot(other, adapters[0], budget_s=60)  # per-engine residency
         assert (d.action, d.start) == (Action.SERVE, "cold")
         d.finish()
-        assert s.manager.metrics.invariants == {
-            "pinned_eviction": 0,
-            "wrong_version": 0,
-            "unverified_load": 0,
-        }
+        assert s.manager.metrics.invariants == NO_VIOLATIONS
     finally:
         await client.close()
         await s.manager.aclose()

@@ -24,7 +24,7 @@ from kvstack.lora.upkeep import reconcile, sync_releases
 from kvstack.router.router import Router
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
-from tests.lora.adapters import peft_adapter, real_plane
+from tests.lora.adapters import NO_VIOLATIONS, peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router
 
 pytestmark = pytest.mark.vllm
@@ -165,11 +165,7 @@ async def test_load_serve_evict_publish_in_flight_rollback(
             assert r.status_code == 200
         report = await reconcile(m, m.engine(url))
         assert report.unloaded == ["rogue"] and "rogue" not in await driver.adapters(url, 10)
-        assert m.metrics.invariants == {
-            "pinned_eviction": 0,
-            "wrong_version": 0,
-            "unverified_load": 0,
-        }
+        assert m.metrics.invariants == NO_VIOLATIONS
         loads = [e for e in plane.audit.entries(action="load", limit=100) if e.decision == "accept"]
         assert len(loads) >= 5 and all(e.digest for e in loads)
     finally:
@@ -233,11 +229,7 @@ async def _through_router(url: str, engine: VLLMServer, control: LoRAControl) ->
         chunks = [c async for c in stream]
         assert "".join(c.choices[0].text for c in chunks) == text
         assert {c.model for c in chunks} == {"routed@1"}
-        assert control.manager.metrics.invariants == {
-            "pinned_eviction": 0,
-            "wrong_version": 0,
-            "unverified_load": 0,
-        }
+        assert control.manager.metrics.invariants == NO_VIOLATIONS
     finally:
         await via_router.close()
         await direct.close()
