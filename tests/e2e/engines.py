@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
 
-__all__ = ["complete", "metric_total", "start_engine", "wait_metric"]
+__all__ = ["acomplete", "complete", "metric_total", "start_engine", "wait_metric"]
 
 
 def start_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServer:
@@ -24,11 +24,8 @@ def start_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServ
     return server.start()
 
 
-def complete(
-    server: VLLMServer, prompt: list[int], model: str = "toy", max_tokens: int = 8, **extra: Any
-) -> list[int]:
-    """Greedy completion of a token-id prompt; returns the generated token ids."""
-    body = {
+def _body(prompt: list[int], model: str, max_tokens: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
         "model": model,
         "prompt": prompt,
         "max_tokens": max_tokens,
@@ -36,7 +33,30 @@ def complete(
         "return_token_ids": True,
         **extra,
     }
+
+
+def complete(
+    server: VLLMServer, prompt: list[int], model: str = "toy", max_tokens: int = 8, **extra: Any
+) -> list[int]:
+    """Greedy completion of a token-id prompt; returns the generated token ids."""
+    body = _body(prompt, model, max_tokens, extra)
     response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=300)
+    response.raise_for_status()
+    ids: list[int] = response.json()["choices"][0]["token_ids"]
+    return ids
+
+
+async def acomplete(
+    client: httpx.AsyncClient,
+    server: VLLMServer,
+    prompt: list[int],
+    model: str = "toy",
+    max_tokens: int = 8,
+    **extra: Any,
+) -> list[int]:
+    """:func:`complete` on an async client (requests sent together really are concurrent)."""
+    body = _body(prompt, model, max_tokens, extra)
+    response = await client.post(f"{server.url}/v1/completions", json=body, timeout=300)
     response.raise_for_status()
     ids: list[int] = response.json()["choices"][0]["token_ids"]
     return ids
