@@ -13,6 +13,8 @@ from safetensors.numpy import save_file
 from kvstack.lora.audit import AuditLog
 from kvstack.lora.basemodel import BaseModelDims
 from kvstack.lora.config import LoRAConfig
+from kvstack.lora.control import LoRAControl
+from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.registry import AdapterRegistry
 from kvstack.lora.signing import TrustedKeys
@@ -104,3 +106,11 @@ def real_plane(tmp: Path, sources: Path, keys: tuple[Path, Path], model_dir: Pat
         verifier,
         AuditLog(config.registry_url),
     )
+
+
+def control_over(plane: ControlPlane, **update: object) -> LoRAControl:
+    """A control plane and cache manager over ``plane``'s registry, store, verifier and audit
+    log, with ``update`` applied to its config (engines, request classes, tenants...)."""
+    config = plane.config.model_copy(update=update)
+    same = ControlPlane(config, plane.registry, plane.store, plane.verifier, plane.audit)
+    return LoRAControl(config, same, HTTPEngineDriver())

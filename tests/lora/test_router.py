@@ -17,7 +17,6 @@ from pydantic import SecretStr
 from kvstack.errors import LoRAError, RequestError
 from kvstack.lora.config import EngineSpec, RequestClassBudget, TenantPolicy
 from kvstack.lora.control import LoRAControl
-from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.residency import Tier
 from kvstack.router.adapters import AdapterGate, served_model
@@ -26,7 +25,7 @@ from kvstack.router.prompts import PromptRenderer
 from kvstack.router.request import parse_request
 from kvstack.router.router import Router
 from kvstack.sim.server import FleetThread
-from tests.lora.adapters import NO_VIOLATIONS, synthetic_adapter
+from tests.lora.adapters import NO_VIOLATIONS, control_over, synthetic_adapter
 from tests.router.conftest import router_config, serve_router
 
 ADMIN_KEY = "admin-secret"
@@ -61,19 +60,14 @@ def _control(
         )
         for i, url in enumerate(fleet.urls)
     ]
-    config = plane.config.model_copy(
-        update={
-            "engines": engines,
-            "tenants": {
-                "acme": TenantPolicy(allow_base_fallback=True),
-                "strict": TenantPolicy(allow_base_fallback=False),
-            },
-            "admin_key": SecretStr(ADMIN_KEY),
-            **update,
-        }
+    tenants = {
+        "acme": TenantPolicy(allow_base_fallback=True),
+        "strict": TenantPolicy(allow_base_fallback=False),
+    }
+    return control_over(
+        plane,
+        **{"engines": engines, "tenants": tenants, "admin_key": SecretStr(ADMIN_KEY), **update},
     )
-    same = ControlPlane(config, plane.registry, plane.store, plane.verifier, plane.audit)
-    return LoRAControl(config, same, HTTPEngineDriver())
 
 
 async def test_requests_resolve_load_and_stay_where_the_adapter_is_hot(

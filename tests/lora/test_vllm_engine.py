@@ -17,14 +17,13 @@ from kvstack.lora.control import LoRAControl
 from kvstack.lora.decision import Action
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.manager import AdapterCacheManager
-from kvstack.lora.plane import ControlPlane
 from kvstack.lora.residency import Tier
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.upkeep import reconcile, sync_releases
 from kvstack.router.router import Router
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
-from tests.lora.adapters import NO_VIOLATIONS, peft_adapter, real_plane
+from tests.lora.adapters import NO_VIOLATIONS, control_over, peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router
 
 pytestmark = pytest.mark.vllm
@@ -204,9 +203,7 @@ async def test_router_resolves_and_loads_adapters_on_a_real_engine(
         host_slots=3,
     )
     classes = {"interactive": RequestClassBudget(cold_start_budget_s=None)}  # wait for loads
-    config = plane.config.model_copy(update={"engines": [spec], "request_classes": classes})
-    same = ControlPlane(config, plane.registry, plane.store, plane.verifier, plane.audit)
-    control = LoRAControl(config, same, HTTPEngineDriver())
+    control = control_over(plane, engines=[spec], request_classes=classes)
     router_cfg = router_config([engine.url], adapters={"enabled": True}, timeouts={"total_s": 300})
     async with serve_router(router_cfg, Router(router_cfg, lora=control)) as running:
         await _through_router(f"{running.url}/v1", engine, control)

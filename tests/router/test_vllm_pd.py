@@ -29,9 +29,6 @@ import pytest
 
 from kvstack.index.radix import Namespace, Owner
 from kvstack.lora.config import EngineSpec, RequestClassBudget
-from kvstack.lora.control import LoRAControl
-from kvstack.lora.driver import HTTPEngineDriver
-from kvstack.lora.plane import ControlPlane
 from kvstack.lora.residency import Tier
 from kvstack.lora.signing import generate_keypair
 from kvstack.models.toy import _WORDS
@@ -40,7 +37,7 @@ from kvstack.router.router import Router
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
 from tests.conftest import free_port
 from tests.e2e.engines import metric_total, wait_metric
-from tests.lora.adapters import NO_VIOLATIONS, peft_adapter, real_plane
+from tests.lora.adapters import NO_VIOLATIONS, control_over, peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router, until
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -190,9 +187,7 @@ async def test_pd_with_a_managed_adapter(pd_engines: PDEngines, tmp_path: Path) 
         "interactive": RequestClassBudget(cold_start_budget_s=None),  # wait for loads
         "background": RequestClassBudget(max_concurrent_cold_loads=2),  # the prefill's load
     }
-    lora = plane.config.model_copy(update={"engines": specs, "request_classes": classes})
-    same = ControlPlane(lora, plane.registry, plane.store, plane.verifier, plane.audit)
-    control = LoRAControl(lora, same, HTTPEngineDriver())
+    control = control_over(plane, engines=specs, request_classes=classes)
     config = _config(e)
     config.adapters.enabled = True
     config.timeouts.total_s = 300

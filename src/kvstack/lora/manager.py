@@ -199,10 +199,9 @@ class AdapterCacheManager:
         waits for a load only when the prediction fits the budget."""
         if isinstance(adapter, Resolution):
             adapter = adapter.adapter
-        eng, name, now = self.engine(engine_url), adapter.engine_name, self.clock()
+        eng = self.engine(engine_url)
         klass = self._request_class(request_class)
-        eng.stats.get(name).on_request(now, self.policy_config.qps_window_s)
-        start = eng.cache.residency(name)
+        start = self._arrive(eng, adapter)
         self.metrics.request(adapter.adapter_id, start.value, self.is_protected(adapter))
         if start is Tier.HOT:
             return serve(self, eng, adapter, start, 0.0, 0.0)
@@ -226,12 +225,17 @@ class AdapterCacheManager:
         request for the adapter finds it hot on the prefill engine."""
         if isinstance(adapter, Resolution):
             adapter = adapter.adapter
-        eng, name = self.engine(engine_url), adapter.engine_name
-        eng.stats.get(name).on_request(self.clock(), self.policy_config.qps_window_s)
-        if eng.cache.residency(name) is Tier.HOT:
+        eng = self.engine(engine_url)
+        if self._arrive(eng, adapter) is Tier.HOT:
             return serve(self, eng, adapter, Tier.HOT, 0.0, 0.0)
         self.prewarm_on(eng, adapter, "background")
         return None
+
+    def _arrive(self, eng: EngineState, adapter: AdapterVersion) -> Tier:
+        """Count a request for ``adapter`` on the engine (its popularity there); its residency."""
+        name = adapter.engine_name
+        eng.stats.get(name).on_request(self.clock(), self.policy_config.qps_window_s)
+        return eng.cache.residency(name)
 
     async def _wait_for_load(
         self,
