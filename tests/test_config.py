@@ -97,7 +97,7 @@ def test_unknown_sections_and_bad_files(tmp_path: Path) -> None:
 
 def test_effective_config_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     cfg = KVConfig(model="logged-once@1")
-    with caplog.at_level(logging.INFO, logger="kvstack.config"):
+    with caplog.at_level(logging.INFO, logger="kvstack.section"):
         log_config_once("kv", cfg)
         log_config_once("kv", cfg)
     lines = [r.getMessage() for r in caplog.records if "logged-once@1" in r.getMessage()]

@@ -1,23 +1,157 @@
-"""The base of every config section and the size parser shared by tier URLs and configs.
+"""The base of every config section, how one section is loaded, and the size parser.
 
-Kept apart from :mod:`kvstack.config` so that section modules can import it without a cycle.
+A leaf: it imports no section. Each package's section model lives with that package and
+subclasses :class:`Section`; wiring code loads only its own section with :func:`load_section`.
+Only the CLIs and the aggregate :mod:`kvstack.config` know the whole tree.
+
+Sources, later ones winning: the YAML file named by ``KVSTACK_CONFIG`` (or passed explicitly),
+a dict given in code, then environment variables ``KVSTACK_<SECTION>_<KEY>`` (nested keys joined
+with ``__``, e.g. ``KVSTACK_ROUTER_HEALTH__INTERVAL_S=2``; lists, objects, quoted strings and
+``null`` are parsed as JSON, anything else is a string that the field's type converts). Unknown
+keys anywhere are errors.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvstack.errors import ConfigError
 
-__all__ = ["Section", "format_size", "parse_size"]
+__all__ = [
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "Section",
+    "deep_merge",
+    "env_overrides",
+    "format_size",
+    "load_section",
+    "log_config_once",
+    "parse_size",
+    "read_config_file",
+    "validate_section",
+]
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "KVSTACK_"
+CONFIG_ENV = "KVSTACK_CONFIG"
 
 
 class Section(BaseModel):
     """Base of every config section: unknown keys are errors; assignments are validated."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+S = TypeVar("S", bound=Section)
+
+
+def load_section(
+    name: str,
+    cls: type[S],
+    data: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    path: str | Path | None = None,
+) -> S:
+    """Load one section: its part of the YAML file, then ``data``, then ``KVSTACK_<NAME>_*``."""
+    env = os.environ if env is None else env
+    from_file = read_config_file(path, env).get(name, {}) or {}
+    if not isinstance(from_file, Mapping):
+        raise ConfigError(f"config section {name!r} must be a mapping, got {from_file!r}")
+    merged = deep_merge(dict(from_file), dict(data or {}))
+    merged = deep_merge(merged, env_overrides(env, (name,)).get(name, {}))
+    return validate_section(cls, merged, name)
+
+
+_logged: set[str] = set()
+
+
+def log_config_once(name: str, section: BaseModel) -> None:
+    """Log the effective config of a component once per process (secrets masked by pydantic)."""
+    text = json.dumps(section.model_dump(mode="json"), sort_keys=True)
+    if f"{name}:{text}" in _logged:
+        return
+    _logged.add(f"{name}:{text}")
+    log.info("effective %s config: %s", name, text)
+
+
+def validate_section(cls: type[S], data: dict[str, Any], where: str) -> S:
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{where}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            + (f" (got {err['input']!r})" if err["type"] != "missing" else "")
+            for err in exc.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from None
+
+
+def read_config_file(path: str | Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+    path = path or env.get(CONFIG_ENV)
+    if not path:
+        return {}
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {exc.strerror}") from None
+    try:
+        loaded = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping at the top level")
+    return loaded
+
+
+def env_overrides(env: Mapping[str, str], sections: tuple[str, ...]) -> dict[str, Any]:
+    """``KVSTACK_KV_CHUNK_SIZE=512`` -> ``{"kv": {"chunk_size": 512}}`` for the given sections."""
+    out: dict[str, Any] = {}
+    for var, raw in env.items():
+        if not var.startswith(ENV_PREFIX) or var == CONFIG_ENV:
+            continue
+        section, _, rest = var[len(ENV_PREFIX) :].partition("_")
+        section = section.lower()
+        if section not in sections or not rest:
+            continue
+        node = out.setdefault(section, {})
+        *parents, leaf = rest.lower().split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = parse_env_value(raw)
+    return out
+
+
+def parse_env_value(raw: str) -> Any:
+    """JSON for lists, objects, quoted strings and ``null``; everything else stays a string
+    and is converted by the field's type (so ``KVSTACK_KV_MODEL=123`` is the string "123",
+    while ``KVSTACK_KV_CHUNK_SIZE=512`` still becomes the integer 512)."""
+    text = raw.strip()
+    if text == "null" or text[:1] in ("[", "{", '"'):
+        try:
+            return json.loads(text)
+        except ValueError:
+            return raw
+    return raw
+
+
+def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
 
 
 _SIZE_UNITS = {

@@ -10,10 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvstack.config import _deep_merge
 from kvstack.router.config import RouterConfig
 from kvstack.router.router import Router
 from kvstack.router.server import build_server
+from kvstack.section import deep_merge
 from tests.conftest import free_port
 from tests.router.fake_engine import FakeEngine
 
@@ -30,8 +30,8 @@ FAST = {
 
 def router_config(backends: Iterable[FakeEngine | str], **overrides: Any) -> RouterConfig:
     urls = [b if isinstance(b, str) else b.url for b in backends]
-    data = _deep_merge(FAST, {"port": free_port(), "backends": [{"url": u} for u in urls]})
-    return RouterConfig.model_validate(_deep_merge(data, overrides))
+    data = deep_merge(FAST, {"port": free_port(), "backends": [{"url": u} for u in urls]})
+    return RouterConfig.model_validate(deep_merge(data, overrides))
 
 
 class RunningRouter:

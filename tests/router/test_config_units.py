@@ -36,7 +36,7 @@ from kvstack.router.request import parse_request
     ],
 )
 def test_config_errors_name_the_value(data: dict, message: str) -> None:
-    from kvstack.config import load_section
+    from kvstack.section import load_section
 
     with pytest.raises(ConfigError, match=message):
         load_section("router", RouterConfig, data, env={})

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvstack.config import load_section
 from kvstack.errors import ConfigError
+from kvstack.section import load_section
 from kvstack.stack.components import plan_stack
 from kvstack.stack.config import StackConfig
 

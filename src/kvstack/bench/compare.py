@@ -28,8 +28,8 @@ from kvstack.bench.report import Cell, plot_all, write_table
 from kvstack.bench.serve import ServeResult, run_serve
 from kvstack.bench.stats import SLO
 from kvstack.bench.workloads import make_workload
-from kvstack.config import load_section
 from kvstack.errors import ConfigError, StackError
+from kvstack.section import load_section
 
 __all__ = ["CompareResult", "run", "run_compare"]
 

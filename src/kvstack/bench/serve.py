@@ -30,8 +30,8 @@ from kvstack.bench.prompts import PromptBuilder, make_prompt_builder
 from kvstack.bench.report_text import format_summary
 from kvstack.bench.stats import SLO, RunSummary, summarize
 from kvstack.bench.workloads import WORKLOADS, make_workload
-from kvstack.config import load_section
 from kvstack.errors import ConfigError
+from kvstack.section import load_section
 
 __all__ = ["ServeResult", "build_parser", "parse_sets", "run", "run_serve"]
 

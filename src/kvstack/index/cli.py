@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvstack.config import load_section, log_config_once
 from kvstack.errors import ConfigError
 from kvstack.index.config import IndexConfig
+from kvstack.section import load_section, log_config_once
 
 __all__ = ["run"]
 

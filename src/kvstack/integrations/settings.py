@@ -13,11 +13,10 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from kvstack.config import load_section
 from kvstack.errors import ConfigError
 from kvstack.index.config import IndexConfig
 from kvstack.kv.config import KVConfig
-from kvstack.section import Section
+from kvstack.section import Section, load_section
 
 __all__ = ["ConnectorSettings", "index_section", "split_extra_config"]
 

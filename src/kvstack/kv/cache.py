@@ -36,7 +36,6 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from kvstack.config import load_section, log_config_once
 from kvstack.errors import ConfigError
 from kvstack.kv.admission import Admission
 from kvstack.kv.chain import TierChain, leading
@@ -46,6 +45,7 @@ from kvstack.kv.layout import KVLayout
 from kvstack.kv.stats import CacheCounters, CacheStats
 from kvstack.kv.tensors import torch
 from kvstack.kv.tiers import Tier, TierEvent, make_tier, parse_tier_url
+from kvstack.section import load_section, log_config_once
 
 __all__ = ["CacheStats", "KVCache"]
 

@@ -94,7 +94,7 @@ def _user() -> str:
 
 
 def _config(args: argparse.Namespace) -> LoRAConfig:
-    from kvstack.config import load_section
+    from kvstack.section import load_section
 
     overrides: dict[str, Any] = {}
     if args.registry_url:

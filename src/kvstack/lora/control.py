@@ -8,7 +8,6 @@ from typing import Any
 
 from starlette.applications import Starlette
 
-from kvstack.config import load_section, log_config_once
 from kvstack.errors import ConfigError
 from kvstack.lora.admin import create_admin_app
 from kvstack.lora.config import LoRAConfig
@@ -17,6 +16,7 @@ from kvstack.lora.manager import AdapterCacheManager
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.upkeep import Upkeep
+from kvstack.section import load_section, log_config_once
 
 __all__ = ["LoRAControl"]
 

@@ -17,9 +17,9 @@ import logging
 import sys
 from typing import Any
 
-from kvstack.config import load_section, log_config_once
 from kvstack.errors import ConfigError
 from kvstack.router.config import POLICIES, RouterConfig
+from kvstack.section import load_section, log_config_once
 
 __all__ = ["parse_args", "run"]
 

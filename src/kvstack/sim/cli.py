@@ -17,8 +17,8 @@ import types
 import typing
 from typing import Any
 
-from kvstack.config import load_section, log_config_once
 from kvstack.errors import ConfigError
+from kvstack.section import load_section, log_config_once
 from kvstack.sim.config import SimConfig
 
 __all__ = ["build_parser", "run"]

@@ -8,8 +8,8 @@ import sys
 import threading
 from pathlib import Path
 
-from kvstack.config import load_section
 from kvstack.errors import ConfigError, StackError
+from kvstack.section import load_section
 from kvstack.stack.config import StackConfig
 from kvstack.stack.supervisor import Stack, stop_run_dir
 

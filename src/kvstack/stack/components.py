@@ -280,8 +280,8 @@ def _lora_section(given: dict[str, Any], engines: list[Component], run_dir: Path
     lora["engines"] = listed
     if base_models:
         lora["base_models"] = base_models
-    from kvstack.config import _validate
     from kvstack.lora.config import LoRAConfig
+    from kvstack.section import validate_section
 
-    _validate(LoRAConfig, lora, "stack.lora")  # fail before anything starts
+    validate_section(LoRAConfig, lora, "stack.lora")  # fail before anything starts
     return lora

@@ -15,9 +15,9 @@ import asyncio
 import logging
 import sys
 
-from kvstack.config import load_section, log_config_once
 from kvstack.errors import ConfigError
 from kvstack.index.config import IndexConfig
+from kvstack.section import load_section, log_config_once
 
 __all__ = ["run"]
 
