@@ -10,6 +10,8 @@ import importlib
 import sys
 
 from kvstack import __version__
+from kvstack.errors import MissingExtraError
+from kvstack.extras import extra_for, missing_extra
 
 __all__ = ["main"]
 
@@ -53,6 +55,15 @@ def main(argv: list[str] | None = None) -> int:
     from kvstack.log import setup_logging
 
     setup_logging()
-    module = importlib.import_module(COMMANDS[command][0])
-    result: int = module.run(command, rest)
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+        result: int = module.run(command, rest)
+    except MissingExtraError as exc:
+        print(f"kvstack {command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if extra_for(exc) is None:
+            raise
+        print(f"kvstack {command}: {missing_extra(exc, f'kvstack {command}')}", file=sys.stderr)
+        return 2
     return result

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 from kvstack.errors import ConfigError
+from kvstack.extras import extra_for, missing_extra
 
 T = TypeVar("T")
 
@@ -39,7 +40,13 @@ class Registry(Generic[T]):
             raise ConfigError(f"unknown {self.kind} {name!r}; known: {known}") from None
         if isinstance(target, str):
             module_name, _, attr = target.partition(":")
-            resolved: T = getattr(importlib.import_module(module_name), attr)
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as exc:
+                if extra_for(exc) is None:
+                    raise
+                raise missing_extra(exc, f"the {self.kind} {name!r}") from None
+            resolved: T = getattr(module, attr)
             self._entries[name] = resolved
             return resolved
         return target
