@@ -11,7 +11,8 @@ from kvstack.errors import ConfigError
 from kvstack.lora.adapters import AdapterVersion, Release, Status
 from kvstack.lora.config import AdapterCachePolicy, HotScoreWeights, LoRAConfig, ScheduledWarmup
 from kvstack.lora.expr import compile_rule
-from kvstack.lora.facts import FACT_TYPES, AdapterFacts, FactsBuilder
+from kvstack.lora.facts import FACT_TYPES, AdapterFacts
+from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.metrics import OTHER, LoRAMetrics
 from kvstack.lora.policy import Candidate, LRUPolicy, WeightedLRUPolicy
 from kvstack.lora.predict import LoadTimePredictor

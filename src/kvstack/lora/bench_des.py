@@ -26,7 +26,7 @@ from kvstack.lora.bench_run import ArmResult, RequestRecord
 from kvstack.lora.bench_setup import BYTES_PER_RANK
 from kvstack.lora.bench_workload import Arrival, BenchAdapter
 from kvstack.lora.config import LoRAConfig
-from kvstack.lora.facts import FactsBuilder
+from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.policy import make_policy
 from kvstack.lora.predict import LoadTimePredictor, reload_estimate
 from kvstack.lora.residency import EngineCache, Entry, State, Tier

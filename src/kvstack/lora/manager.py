@@ -34,7 +34,7 @@ from kvstack.lora.audit import AuditLog
 from kvstack.lora.config import EngineSpec, LoRAConfig, RequestClassBudget
 from kvstack.lora.decision import Decision
 from kvstack.lora.driver import EngineDriver, HTTPEngineDriver
-from kvstack.lora.facts import FactsBuilder
+from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.loader import AdapterLoader, EngineState
 from kvstack.lora.metrics import LoRAMetrics
 from kvstack.lora.policy import make_policy
