@@ -24,7 +24,8 @@ from kvstack.errors import LoRAError, VerificationError
 from kvstack.log import IncidentLogger
 from kvstack.lora.adapters import AdapterVersion, Status
 from kvstack.lora.loader import MARKER_SUFFIX, EngineState, remove_warm_copy
-from kvstack.lora.residency import Entry, State, Tier
+from kvstack.lora.residency import State, Tier
+from kvstack.lora.serving import retire
 
 if TYPE_CHECKING:
     from kvstack.lora.manager import AdapterCacheManager
@@ -34,7 +35,6 @@ __all__ = [
     "Upkeep",
     "adopt_warm_dir",
     "reconcile",
-    "retire",
     "run_warmups",
     "sweep",
     "sync_releases",
@@ -165,22 +165,6 @@ def _marked_adapter(m: AdapterCacheManager, path: Path) -> AdapterVersion | None
     ):
         return None
     return adapter if path.name.startswith(f"{adapter.engine_name}-") else None
-
-
-async def retire(m: AdapterCacheManager, eng: EngineState, entry: Entry) -> None:
-    """Unload a superseded version once unused; drop a disabled one's files as well."""
-    adapter = entry.adapter
-    if m.resolver.is_current(adapter.adapter_id, adapter.version):
-        return
-    if eng.cache.entries.get(entry.name) is not entry or eng.cache.is_protected(entry, m.clock()):
-        return
-    known = m.resolver.version(adapter.adapter_id, adapter.version)
-    if known is None or known.status is Status.DISABLED:
-        eng.cache.drop(entry.name)
-        await m.loader.drop(eng, entry, "disabled", pinned=False)
-    elif entry.state is State.HOT:
-        eng.cache.set_state(entry.name, State.WARM)
-        await m.loader.demote(eng, entry.name, "superseded")
 
 
 async def sweep(m: AdapterCacheManager, eng: EngineState) -> list[tuple[str, str]]:
