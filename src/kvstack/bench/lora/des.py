@@ -20,11 +20,11 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvstack.bench.lora.run_sim import ArmResult, RequestRecord
+from kvstack.bench.lora.setup import BYTES_PER_RANK
+from kvstack.bench.lora.workload import Arrival, BenchAdapter
 from kvstack.lora.adapters import AdapterVersion, Release, Status
 from kvstack.lora.affinity import affinity_scores, pick_engine, rendezvous_order
-from kvstack.lora.bench_run import ArmResult, RequestRecord
-from kvstack.lora.bench_setup import BYTES_PER_RANK
-from kvstack.lora.bench_workload import Arrival, BenchAdapter
 from kvstack.lora.config import LoRAConfig
 from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.policy import make_policy

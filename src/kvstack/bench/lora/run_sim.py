@@ -17,9 +17,9 @@ from typing import Any
 
 import aiohttp
 
+from kvstack.bench.lora.setup import CountingDriver, ModelledStore
+from kvstack.bench.lora.workload import Arrival, BenchAdapter
 from kvstack.lora.affinity import pick_engine
-from kvstack.lora.bench_setup import CountingDriver, ModelledStore
-from kvstack.lora.bench_workload import Arrival, BenchAdapter
 from kvstack.lora.config import EngineSpec, LoRAConfig
 from kvstack.lora.decision import Action, Decision
 from kvstack.lora.driver import HTTPEngineDriver
