@@ -4,7 +4,7 @@
 
 Two modes, each running both arms (``--policies``) at equal memory: ``--gpu-slots`` hot and
 ``--host-slots`` warm adapters per engine, the same arrivals (the ``lora-zipf`` workload of
-:mod:`kvstack.bench.lora.workload`), the same engine and store timing.
+:mod:`kvstack.bench.workloads.lora_zipf`), the same engine and store timing.
 
 - ``sim``: the full manager drives simulated engines (``kvstack sim-engine`` in a child
   process) over HTTP. The arms run side by side in one event loop, so whatever else loads the
@@ -35,7 +35,7 @@ from kvstack.bench.lora.des import DesTiming, run_des
 from kvstack.bench.lora.report import summarise, write_report
 from kvstack.bench.lora.run_sim import ArmResult, ArmSetup, run_arm
 from kvstack.bench.lora.setup import ModelledStore, bench_config, register_all, sim_fleet
-from kvstack.bench.lora.workload import BenchAdapter, make_adapters, make_arrivals
+from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, make_adapters, make_arrivals
 from kvstack.lora.config import AdapterCachePolicy, LoRAConfig, ScheduledWarmup, TenantPolicy
 
 __all__ = ["run"]
@@ -134,7 +134,10 @@ def _run(args: argparse.Namespace, root: Path) -> int:
 
 
 def _des(
-    args: argparse.Namespace, config: LoRAConfig, adapters: list[BenchAdapter], policies: list[str]
+    args: argparse.Namespace,
+    config: LoRAConfig,
+    adapters: list[LoRAZipfAdapter],
+    policies: list[str],
 ) -> dict[str, Any]:
     arrivals = make_arrivals(adapters, args.des_requests, args.rate, args.interactive_fraction)
     timing = DesTiming(args.engine_load_s, args.store_latency_s, args.store_mbps * 1e6)
@@ -164,7 +167,7 @@ def _des(
 def _sim(
     args: argparse.Namespace,
     config: LoRAConfig,
-    adapters: list[BenchAdapter],
+    adapters: list[LoRAZipfAdapter],
     policies: list[str],
     root: Path,
 ) -> dict[str, Any]:

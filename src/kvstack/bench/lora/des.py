@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from kvstack.bench.lora.run_sim import ArmResult, RequestRecord
 from kvstack.bench.lora.setup import BYTES_PER_RANK
-from kvstack.bench.lora.workload import Arrival, BenchAdapter
+from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, LoRAZipfArrival
 from kvstack.lora.adapters import AdapterVersion, Release, Status
 from kvstack.lora.affinity import affinity_scores, pick_engine, rendezvous_order
 from kvstack.lora.config import LoRAConfig
@@ -50,7 +50,7 @@ class DesTiming:
 
 @dataclass
 class _Req:
-    arrival: Arrival
+    arrival: LoRAZipfArrival
     adapter: AdapterVersion
     tier: str
     start: Tier = Tier.COLD
@@ -72,7 +72,7 @@ class _Des:
     def __init__(
         self,
         config: LoRAConfig,
-        adapters: list[BenchAdapter],
+        adapters: list[LoRAZipfAdapter],
         engines: int,
         timing: DesTiming,
         slack: int,
@@ -121,7 +121,9 @@ class _Des:
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self.events, (t, next(self._seq), fn))
 
-    def run(self, arrivals: list[Arrival], adapters: list[BenchAdapter], warmup: int) -> None:
+    def run(
+        self, arrivals: list[LoRAZipfArrival], adapters: list[LoRAZipfAdapter], warmup: int
+    ) -> None:
         self._scheduled_warmups()
         for i, arrival in enumerate(arrivals):
             req = _Req(arrival, self.versions[arrival.adapter], adapters[arrival.adapter].tier)
@@ -266,7 +268,7 @@ class _Des:
         return self.engines[self.urls.index(url)]
 
 
-def _version(a: BenchAdapter) -> AdapterVersion:
+def _version(a: LoRAZipfAdapter) -> AdapterVersion:
     return AdapterVersion(
         adapter_id=a.adapter_id,
         version="1",
@@ -285,8 +287,8 @@ def _version(a: BenchAdapter) -> AdapterVersion:
 
 def run_des(
     config: LoRAConfig,
-    adapters: list[BenchAdapter],
-    arrivals: list[Arrival],
+    adapters: list[LoRAZipfAdapter],
+    arrivals: list[LoRAZipfArrival],
     engines: int,
     warmup: int,
     timing: DesTiming,
