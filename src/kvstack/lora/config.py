@@ -36,8 +36,8 @@ from kvstack.section import Section, parse_size
 
 __all__ = [
     "AdapterCachePolicy",
+    "AdapterEngineSpec",
     "BaseModelRef",
-    "EngineSpec",
     "HotScoreWeights",
     "LoRAConfig",
     "RequestClassBudget",
@@ -143,7 +143,7 @@ class BaseModelRef(Section):
     tokenizer_revision: str = Field(default="", description="tokenizer revision; '' = any")
 
 
-class EngineSpec(Section):
+class AdapterEngineSpec(Section):
     url: str = Field(description="engine base URL, e.g. http://10.0.0.5:8000")
     base_model: str = Field(description="registry name of the base model it serves")
     served_model_name: str = Field(description="the base model's name on the engine")
@@ -220,7 +220,7 @@ class LoRAConfig(Section):
         default_factory=lambda: {"warm": 0.5, "cold": 3.0},
         description="predicted load time before enough loads were observed",
     )
-    engines: list[EngineSpec] = Field(default_factory=list)
+    engines: list[AdapterEngineSpec] = Field(default_factory=list)
     engine_timeout_s: float = Field(default=30.0, gt=0, description="per engine call")
     io_threads: int = Field(
         default=16, ge=1, le=1024, description="threads for store fetches and verification"

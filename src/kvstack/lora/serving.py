@@ -14,10 +14,10 @@ from typing import Any, Protocol
 
 from kvstack.lora.adapters import AdapterVersion, Status
 from kvstack.lora.config import LoRAConfig, RequestClassBudget
-from kvstack.lora.decision import Action, Decision
+from kvstack.lora.decision import Action, AdapterDecision
 from kvstack.lora.loader import AdapterLoader, EngineState
 from kvstack.lora.metrics import LoRAMetrics
-from kvstack.lora.residency import Entry, State, Tier
+from kvstack.lora.residency import Entry, ResidencyTier, State
 from kvstack.lora.resolver import Resolver
 
 __all__ = ["ServingContext", "not_now", "retire", "serve"]
@@ -57,13 +57,13 @@ def serve(
     m: ServingContext,
     eng: EngineState,
     adapter: AdapterVersion,
-    start: Tier,
+    start: ResidencyTier,
     waited_s: float,
     predicted_s: float,
-) -> Decision:
+) -> AdapterDecision:
     entry = eng.cache.entries[adapter.engine_name]
     entry.in_flight += 1
-    decision = Decision(
+    decision = AdapterDecision(
         Action.SERVE,
         adapter.engine_name,
         eng.spec.url,
@@ -80,16 +80,16 @@ def not_now(
     m: ServingContext,
     eng: EngineState,
     adapter: AdapterVersion,
-    start: Tier,
+    start: ResidencyTier,
     klass: RequestClassBudget,
     reason: str,
     retry_s: float | None,
-) -> Decision:
+) -> AdapterDecision:
     allowed = m.config.tenant(adapter.tenant_id).allow_base_fallback
     fallback = klass.on_over_budget == "fallback" and allowed
     action = Action.FALLBACK if fallback else Action.REJECT
     m.metrics.fallback(adapter.adapter_id, action.value, reason, m.is_protected(adapter))
-    decision = Decision(
+    decision = AdapterDecision(
         action,
         eng.spec.served_model_name if fallback else "",
         eng.spec.url,
@@ -107,7 +107,7 @@ def _finish(
     m: ServingContext,
     eng: EngineState,
     entry: Entry,
-    decision: Decision,
+    decision: AdapterDecision,
     ttft_s: float | None,
     ok: bool,
     served: str | None,
@@ -134,7 +134,7 @@ def _finish(
 
 
 def _finish_fallback(
-    m: ServingContext, adapter: AdapterVersion, decision: Decision, ttft_s: float | None
+    m: ServingContext, adapter: AdapterVersion, decision: AdapterDecision, ttft_s: float | None
 ) -> None:
     if ttft_s is not None and decision.action is Action.FALLBACK:
         m.metrics.ttft(

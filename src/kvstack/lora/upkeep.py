@@ -24,7 +24,7 @@ from kvstack.errors import LoRAError, VerificationError
 from kvstack.log import IncidentLogger
 from kvstack.lora.adapters import AdapterVersion, Status
 from kvstack.lora.loader import MARKER_SUFFIX, EngineState, remove_warm_copy
-from kvstack.lora.residency import State, Tier
+from kvstack.lora.residency import ResidencyTier, State
 from kvstack.lora.serving import retire
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ def run_warmups(m: AdapterCacheManager) -> list[tuple[str, str]]:
             for eng in _engines_for(m, adapter):
                 rank = m.home_rank(eng.spec.url, adapter)
                 if rule(m.facts.of(adapter, None, eng.stats, now, rank).as_fields()):
-                    m.prewarm_on(eng, adapter, to=Tier.WARM)
+                    m.prewarm_on(eng, adapter, to=ResidencyTier.WARM)
                     started.append((eng.spec.url, adapter.engine_name))
     return started
 
@@ -251,7 +251,7 @@ def _engines_for(m: AdapterCacheManager, adapter: AdapterVersion) -> list[Engine
 
 
 def _hot_or_loading(eng: EngineState, name: str) -> bool:
-    return eng.cache.residency(name) is Tier.HOT or name in eng.loads
+    return eng.cache.residency(name) is ResidencyTier.HOT or name in eng.loads
 
 
 def _prefer_stable_hot(
@@ -262,7 +262,7 @@ def _prefer_stable_hot(
     return sorted(
         engines,
         key=lambda e: (
-            e.cache.residency(stable) is not Tier.HOT,
+            e.cache.residency(stable) is not ResidencyTier.HOT,
             -e.cache.free_hot_slots(),
             e.spec.url,
         ),

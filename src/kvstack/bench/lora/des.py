@@ -29,7 +29,7 @@ from kvstack.lora.config import LoRAConfig
 from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.policy import make_policy
 from kvstack.lora.predict import LoadTimePredictor, reload_estimate
-from kvstack.lora.residency import EngineCache, Entry, State, Tier
+from kvstack.lora.residency import EngineCache, Entry, ResidencyTier, State
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.rules import CacheRules
 from kvstack.lora.stats import StatsTable
@@ -53,7 +53,7 @@ class _Req:
     arrival: LoRAZipfArrival
     adapter: AdapterVersion
     tier: str
-    start: Tier = Tier.COLD
+    start: ResidencyTier = ResidencyTier.COLD
     after_warmup: bool = False
 
 
@@ -145,7 +145,10 @@ class _Des:
                 for v in self.versions:
                     rank = self.home_rank(eng.url, v.engine_name)
                     fields = self.facts.of(v, None, eng.stats, 0.0, rank).as_fields()
-                    if not rule(fields) or eng.cache.residency(v.engine_name) is not Tier.COLD:
+                    if (
+                        not rule(fields)
+                        or eng.cache.residency(v.engine_name) is not ResidencyTier.COLD
+                    ):
                         continue
                     if eng.cache.begin_materialise(v, v.engine_name, 0.0) is not None:
                         eng.cache.set_state(v.engine_name, State.WARM)
@@ -164,7 +167,7 @@ class _Des:
         req.start = eng.cache.residency(name)
         if name in eng.joiners:
             eng.joiners[name].append(req)
-        elif req.start is Tier.HOT:
+        elif req.start is ResidencyTier.HOT:
             self.serve(eng, req)
         else:
             eng.joiners[name] = [req]
@@ -208,7 +211,7 @@ class _Des:
     # -- loads ----------------------------------------------------------------------------
 
     def _load(self, eng: _Engine, v: AdapterVersion) -> None:
-        if eng.cache.residency(v.engine_name) is Tier.COLD:
+        if eng.cache.residency(v.engine_name) is ResidencyTier.COLD:
             self._until(eng, v.engine_name, lambda: self._try_materialise(eng, v))
         else:
             self._until(eng, v.engine_name, lambda: self._try_hot(eng, v))

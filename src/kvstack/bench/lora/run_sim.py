@@ -20,8 +20,8 @@ import aiohttp
 from kvstack.bench.lora.setup import CountingDriver, ModelledStore
 from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, LoRAZipfArrival
 from kvstack.lora.affinity import pick_engine
-from kvstack.lora.config import EngineSpec, LoRAConfig
-from kvstack.lora.decision import Action, Decision
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig
+from kvstack.lora.decision import Action, AdapterDecision
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.manager import AdapterCacheManager
 from kvstack.lora.plane import ControlPlane
@@ -76,7 +76,7 @@ async def run_arm(
     s: ArmSetup, adapters: list[LoRAZipfAdapter], arrivals: list[LoRAZipfArrival]
 ) -> ArmResult:
     engines = [
-        EngineSpec(
+        AdapterEngineSpec(
             url=u,
             base_model="bench-base",
             served_model_name="base",
@@ -196,7 +196,7 @@ class _Bench:
         return pick_engine(scores, self.in_flight, self.s.slack)
 
     async def _stream(
-        self, d: Decision, interactive: bool, started: float
+        self, d: AdapterDecision, interactive: bool, started: float
     ) -> tuple[float | None, str | None]:
         if d.action is Action.REJECT:
             return None, None
