@@ -82,8 +82,8 @@ def test_lora_zipf_reports_per_class_and_adapter(
     assert done.returncode == 0, done.stderr
     summary = json.loads(out.read_text())["summary"]
     assert set(summary["by_priority"]) == {"critical", "sheddable"}
-    assert set(summary["by_tenant"]) <= {"premium", "standard", "free"}
-    assert "adapter-0" in summary["by_adapter"]
+    assert set(summary["by_tenant"]) <= {"platinum", "gold", "standard"}
+    assert "platinum-0000" in summary["by_adapter"]
     assert summary["overall"]["num_errors"] == 0
     assert "by adapter" in done.stdout
 

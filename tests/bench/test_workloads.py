@@ -99,18 +99,22 @@ def test_multi_round_opens_conversations_when_every_user_waits() -> None:
 
 
 def test_lora_zipf_popularity_classes_and_tiers() -> None:
+    # 5 adapters: platinum and gold get one each (at least one per tier), standard round(4.0).
     out = specs("lora-zipf", 0, n=4000, num_adapters=5, zipf_s=1.0)
     counts = Counter(s.adapter for s in out)
-    sampler = ZipfSampler(5, 1.0)
-    for k in range(5):
-        assert abs(counts[f"adapter-{k}"] / 4000 - sampler.probabilities[k]) < 0.03
+    expected = {"platinum-0000": 0.30, "gold-0000": 0.40}  # the tiers' traffic shares
+    sampler = ZipfSampler(4, 1.0)  # Zipf within the standard tier
+    expected |= {f"standard-{k:04d}": 0.30 * sampler.probabilities[k] for k in range(4)}
+    assert set(counts) == set(expected)
+    for name, share in expected.items():
+        assert abs(counts[name] / 4000 - share) < 0.03
     assert all(s.model == s.adapter for s in out)
     interactive = sum(1 for s in out if s.priority == "critical") / len(out)
     assert abs(interactive - 0.7) < 0.03
     assert {s.priority for s in out} == {"critical", "sheddable"}
     assert {s.max_tokens for s in out if s.priority == "sheddable"} == {256}
     tiers = {s.adapter: s.tenant for s in out}
-    assert tiers["adapter-0"] == "premium" and tiers["adapter-4"] == "free"
+    assert tiers["platinum-0000"] == "platinum" and tiers["standard-0003"] == "standard"
 
 
 def test_unique_never_repeats() -> None:
@@ -123,5 +127,9 @@ def test_bad_parameters_are_named() -> None:
         make_workload("shared-prefix", {"groups": 0}, BUILDER, 0)
     with pytest.raises(ConfigError, match="unknown workload 'nope'"):
         make_workload("nope", {}, BUILDER, 0)
-    with pytest.raises(ConfigError, match="premium_fraction"):
-        make_workload("lora-zipf", {"premium_fraction": 0.8, "standard_fraction": 0.5}, BUILDER, 0)
+    twice = [{"name": "gold", "adapter_fraction": 0.5, "traffic_share": 0.5}] * 2
+    with pytest.raises(ConfigError, match=r"tiers.*distinct names"):
+        make_workload("lora-zipf", {"tiers": twice}, BUILDER, 0)
+    too_much = [{"name": "gold", "adapter_fraction": 1.0, "traffic_share": 1.5}]
+    with pytest.raises(ConfigError, match=r"tiers\.0\.traffic_share"):
+        make_workload("lora-zipf", {"tiers": too_much}, BUILDER, 0)

@@ -10,7 +10,7 @@ import pytest
 
 from kvstack.lora.adapters import AdapterVersion
 from kvstack.lora.audit import AuditLog
-from kvstack.lora.config import EngineSpec, LoRAConfig, TenantPolicy
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig, TenantPolicy
 from kvstack.lora.manager import AdapterCacheManager
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.registry import AdapterRegistry
@@ -225,7 +225,7 @@ def make_setup(plane: ControlPlane, sources: Path, tmp_path: Path) -> Callable[.
         config.tenants = {"acme": TenantPolicy(allow_base_fallback=True)}
         config.slot_wait_s = 0.2
         config.engines = [
-            EngineSpec(
+            AdapterEngineSpec(
                 url=url,
                 base_model="toy",
                 served_model_name="toy-base",

@@ -12,7 +12,7 @@ import pytest
 import uvicorn
 
 from kvstack.lora.admin import create_admin_app
-from kvstack.lora.residency import Tier
+from kvstack.lora.residency import ResidencyTier
 from tests.conftest import free_port
 from tests.lora.adapters import synthetic_adapter
 from tests.lora.conftest import Setup
@@ -64,7 +64,7 @@ async def test_admin_release_cycle(admin: tuple[httpx.AsyncClient, Setup]) -> No
     r = await client.post("/adapters/acme-support/canary", json={"version": "v2", "percent": 20})
     assert r.status_code == 200, r.text
     assert r.json()["prewarmed"] == {URL: "ok"} and r.json()["canary_percent"] == 20
-    assert s.manager.residency(URL, "acme-support@v2") is Tier.HOT  # before any traffic
+    assert s.manager.residency(URL, "acme-support@v2") is ResidencyTier.HOT  # before any traffic
     r = await client.post("/adapters/acme-support/promote", json={"version": "v2"})
     assert (r.json()["stable_version"], r.json()["rollback_to"]) == ("v2", "v1")
     assert s.manager.resolver.resolve("acme-support").engine_name == "acme-support@v2"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvstack.lora.decision import FALLBACK_HEADER, Action
-from kvstack.lora.residency import Tier
+from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.upkeep import ReconcileReport, reconcile, sweep, sync_releases
 from tests.lora.adapters import NO_VIOLATIONS
 from tests.lora.conftest import Setup
@@ -61,7 +61,7 @@ async def test_capacity_demotes_then_drops_least_recent(make_setup: Callable[...
     (await s.manager.ensure_hot(URL, adapters[3], budget_s=60)).finish()
     snap = s.manager.snapshot(URL)
     assert snap.hot == ("t2@1", "t3@1") and snap.warm == ("t1@1",)  # t0 dropped to cold
-    assert s.manager.residency(URL, "t0@1") is Tier.COLD
+    assert s.manager.residency(URL, "t0@1") is ResidencyTier.COLD
     assert not any(name.startswith("t0@1") for name in _listdir(s.manager.engine(URL).warm_dir))
 
 
@@ -72,7 +72,7 @@ async def test_in_flight_adapter_is_never_evicted(make_setup: Callable[..., Setu
     blocked = await s.manager.ensure_hot(URL, b, budget_s=60)  # waits slot_wait_s, then gives up
     assert (blocked.action, blocked.reason) == (Action.FALLBACK, "no_free_gpu_slot")
     assert blocked.model == "toy-base" and FALLBACK_HEADER in blocked.headers()
-    assert s.manager.residency(URL, "a@1") is Tier.HOT
+    assert s.manager.residency(URL, "a@1") is ResidencyTier.HOT
     held.finish()
     assert (await s.manager.ensure_hot(URL, b, budget_s=60)).action is Action.SERVE
 
@@ -117,7 +117,7 @@ async def test_budget_fallback_reject_and_prewarm(make_setup: Callable[..., Setu
     assert (d.action, d.reason) == (Action.REJECT, "predicted_over_budget")
     assert int(d.headers()["retry-after"]) >= 10
     await asyncio.gather(*s.manager.engine(URL).loads.values())  # the prewarm it started
-    assert s.manager.residency(URL, "acme-support@1") is Tier.HOT
+    assert s.manager.residency(URL, "acme-support@1") is ResidencyTier.HOT
 
 
 async def test_load_exceeding_budget_falls_back_and_finishes(
@@ -132,7 +132,7 @@ async def test_load_exceeding_budget_falls_back_and_finishes(
     assert (d.action, d.reason, d.model) == (Action.FALLBACK, "load_exceeded_budget", "toy-base")
     d.finish(ttft_s=0.1)
     await asyncio.gather(*s.manager.engine(URL).loads.values())
-    assert s.manager.residency(URL, "acme-support@1") is Tier.HOT
+    assert s.manager.residency(URL, "acme-support@1") is ResidencyTier.HOT
 
 
 async def test_background_cold_loads_are_bounded(make_setup: Callable[..., Setup]) -> None:
@@ -178,7 +178,7 @@ async def test_new_version_loads_beside_old_and_old_retires(
     in_flight.finish(served_model="acme-support@1")  # the old request kept its version
     await asyncio.sleep(0.01)  # the retirement it triggers
     assert set(s.driver.engine(URL).loaded) == {"acme-support@2"}
-    assert s.manager.residency(URL, v1.engine_name) is Tier.WARM  # kept warm for rollback
+    assert s.manager.residency(URL, v1.engine_name) is ResidencyTier.WARM  # kept warm for rollback
     s.plane.rollback("acme-support", actor="test")
     s.manager.resolver.refresh()
     back = await s.manager.ensure_hot(URL, s.manager.resolver.resolve("acme-support"))
@@ -199,7 +199,7 @@ async def test_tampered_store_never_reaches_engine(make_setup: Callable[..., Set
     assert s.driver.engine(URL).num_loads == 0
     entry = s.plane.audit.entries(action="load", limit=1)[0]
     assert entry.decision == "reject" and entry.reason.startswith("digest_mismatch")
-    assert s.manager.residency(URL, a.engine_name) is Tier.COLD
+    assert s.manager.residency(URL, a.engine_name) is ResidencyTier.COLD
 
 
 async def test_wrong_version_answer_is_counted(make_setup: Callable[..., Setup]) -> None:
@@ -220,7 +220,7 @@ async def test_reconcile_corrects_belief(make_setup: Callable[..., Setup]) -> No
     fake.running.add("b@1")
     report = await reconcile(s.manager, s.manager.engine(URL))
     assert (report.lost_hot, report.unloaded, report.busy) == (["a@1"], ["rogue@1"], ["b@1"])
-    assert s.manager.residency(URL, "a@1") is Tier.WARM and "rogue@1" not in fake.loaded
+    assert s.manager.residency(URL, "a@1") is ResidencyTier.WARM and "rogue@1" not in fake.loaded
     assert s.manager.engine(URL).cache.is_protected(
         s.manager.engine(URL).cache.entries["b@1"], s.clock.now
     )
@@ -246,8 +246,8 @@ async def test_reconcile_leaves_what_changed_after_it_asked(
     s.driver.adapters = stale_answer  # type: ignore[method-assign]
     report = await reconcile(s.manager, eng)
     assert report.lost_hot == [] and report.unloaded == []
-    assert s.manager.residency(URL, "b@1") is Tier.HOT  # not demoted on the stale answer
-    assert s.manager.residency(URL, "a@1") is Tier.WARM
+    assert s.manager.residency(URL, "b@1") is ResidencyTier.HOT  # not demoted on the stale answer
+    assert s.manager.residency(URL, "a@1") is ResidencyTier.WARM
     assert set(fake.loaded) == {"b@1"}
     s.driver.adapters = real_adapters  # type: ignore[method-assign]
     assert await reconcile(s.manager, eng) == ReconcileReport(URL)  # and the next round agrees
@@ -261,9 +261,9 @@ async def test_demote_rules_step_one_tier(make_setup: Callable[..., Setup]) -> N
     assert await sweep(s.manager, eng) == []
     s.clock.now += 61 * 60
     assert await sweep(s.manager, eng) == [("acme-support@1", "no_request_for_minutes > 60")]
-    assert s.manager.residency(URL, a.engine_name) is Tier.WARM
+    assert s.manager.residency(URL, a.engine_name) is ResidencyTier.WARM
     await sweep(s.manager, eng)
-    assert s.manager.residency(URL, a.engine_name) is Tier.COLD
+    assert s.manager.residency(URL, a.engine_name) is ResidencyTier.COLD
 
 
 def _listdir(path: Path) -> list[str]:

@@ -15,10 +15,10 @@ import pytest
 from pydantic import SecretStr
 
 from kvstack.errors import LoRAError, RequestError
-from kvstack.lora.config import EngineSpec, RequestClassBudget, TenantPolicy
+from kvstack.lora.config import AdapterEngineSpec, RequestClassBudget, TenantPolicy
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.plane import ControlPlane
-from kvstack.lora.residency import Tier
+from kvstack.lora.residency import ResidencyTier
 from kvstack.router.adapters import AdapterGate, served_model
 from kvstack.router.config import AdaptersConfig
 from kvstack.router.prompts import PromptRenderer
@@ -50,7 +50,7 @@ def _control(
     plane: ControlPlane, fleet: FleetThread, tmp_path: Path, **update: object
 ) -> LoRAControl:
     engines = [
-        EngineSpec(
+        AdapterEngineSpec(
             url=url + "/",  # a trailing slash must not stop the router matching its backend
             base_model="toy",
             served_model_name="toy-base",
@@ -107,7 +107,7 @@ async def _resolve_load_affinity_canary(
         assert len(backends) == 1, f"an adapter hot on one engine moved: {backends}"
         home = next(iter(backends))
         engine_url = next(u for u in fleet.urls if u in home or home in u)
-        assert control.manager.residency(engine_url, "support@1") is Tier.HOT
+        assert control.manager.residency(engine_url, "support@1") is ResidencyTier.HOT
 
         stream = await client.completions.create(
             model="sales", prompt="a stream", max_tokens=4, stream=True
@@ -181,7 +181,7 @@ async def _budgets_tenants_classes(url: str, control: LoRAControl, fleet: FleetT
 
         # Each refusal started a prewarm: soon both adapters are hot somewhere and served.
         async def hot(name: str) -> bool:
-            return any(control.manager.residency(u, name) is Tier.HOT for u in fleet.urls)
+            return any(control.manager.residency(u, name) is ResidencyTier.HOT for u in fleet.urls)
 
         for _ in range(200):
             if await hot("shared-bot@1") and await hot("strict-bot@1"):
@@ -304,7 +304,7 @@ async def test_prefill_decode_with_a_managed_adapter(
             assert served == "support@1" and decode_url in backend
             assert "pd=adapter_not_hot" in decision and prefilled == []
             for _ in range(200):  # the prefill engine loads it in the background
-                if control.manager.residency(prefill_url, "support@1") is Tier.HOT:
+                if control.manager.residency(prefill_url, "support@1") is ResidencyTier.HOT:
                     break
                 await asyncio.sleep(0.05)
             served, decision, backend = await ask("support")

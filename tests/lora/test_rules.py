@@ -11,9 +11,10 @@ from kvstack.errors import ConfigError
 from kvstack.lora.adapters import AdapterVersion, Release, Status
 from kvstack.lora.config import AdapterCachePolicy, HotScoreWeights, LoRAConfig, ScheduledWarmup
 from kvstack.lora.expr import compile_rule
-from kvstack.lora.facts import FACT_TYPES, AdapterFacts, FactsBuilder
+from kvstack.lora.facts import FACT_TYPES, AdapterFacts
+from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.metrics import OTHER, LoRAMetrics
-from kvstack.lora.policy import Candidate, LRUPolicy, WeightedLRUPolicy
+from kvstack.lora.policy import AdapterLRUPolicy, EvictionCandidate, WeightedLRUPolicy
 from kvstack.lora.predict import LoadTimePredictor
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.rules import CacheRules
@@ -95,15 +96,15 @@ def test_pins_hold_for_current_versions_only() -> None:
     )
 
 
-def _candidate(name: str, qps: float, last: float, tier: str = "standard") -> Candidate:
+def _candidate(name: str, qps: float, last: float, tier: str = "standard") -> EvictionCandidate:
     facts = dataclasses.replace(FACTS, adapter_id=name, qps_10m=qps, tenant_priority=tier)
-    return Candidate(name, facts, last, reload_s=1.0)
+    return EvictionCandidate(name, facts, last, reload_s=1.0)
 
 
 def test_weighted_keeps_the_popular_where_lru_keeps_the_recent() -> None:
     popular = _candidate("popular", qps=2.0, last=100.0)
     one_off = _candidate("one-off", qps=0.01, last=200.0)  # requested once, just now
-    assert LRUPolicy().victim([popular, one_off]) is popular
+    assert AdapterLRUPolicy().victim([popular, one_off]) is popular
     weighted = WeightedLRUPolicy(HotScoreWeights(), {"gold": 0.6, "standard": 0.2})
     assert weighted.victim([popular, one_off]) is one_off
     gold_idle = _candidate("gold", qps=0.01, last=50.0, tier="gold")

@@ -10,7 +10,7 @@ import openai
 
 from kvstack.lora.decision import Action
 from kvstack.lora.driver import HTTPEngineDriver
-from kvstack.lora.residency import Tier
+from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.upkeep import reconcile
 from kvstack.sim.server import FleetThread
 from tests.lora.adapters import NO_VIOLATIONS
@@ -38,13 +38,15 @@ async def test_manager_over_simulated_engines(
             d.finish(ttft_s=0.01, served_model=r.model)
         served = {m.id for m in (await client.models.list()).data}
         assert served == {"toy-base", "t1@1", "t2@1"}  # t0 was unloaded for the third
-        assert s.manager.residency(url, "t0@1") is Tier.WARM
+        assert s.manager.residency(url, "t0@1") is ResidencyTier.WARM
         info = await driver.lora_info(url, 5)
         assert info is not None and info.max_lora == 2
         async with httpx.AsyncClient() as http:  # the engine forgets t1 behind our back
             await http.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "t1@1"})
         report = await reconcile(s.manager, s.manager.engine(url))
-        assert report.lost_hot == ["t1@1"] and s.manager.residency(url, "t1@1") is Tier.WARM
+        assert (
+            report.lost_hot == ["t1@1"] and s.manager.residency(url, "t1@1") is ResidencyTier.WARM
+        )
         other = fleet.urls[1]
         d = await s.manager.ensure_hot(other, adapters[0], budget_s=60)  # per-engine residency
         assert (d.action, d.start) == (Action.SERVE, "cold")

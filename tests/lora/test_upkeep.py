@@ -13,7 +13,7 @@ from kvstack.errors import ConfigError
 from kvstack.lora.config import ScheduledWarmup
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.manager import AdapterCacheManager
-from kvstack.lora.residency import Tier
+from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.upkeep import Upkeep, adopt_warm_dir, reconcile, run_warmups, sync_releases
 from kvstack.lora.warmup import WarmupSchedule
 from tests.lora.conftest import ENGINE_URLS, Setup
@@ -43,8 +43,8 @@ async def test_restart_adopts_verified_warm_files_only(make_setup: Callable[...,
         s.clock,
     )
     adopted = await adopt_warm_dir(m, m.engine(URL))
-    assert adopted == ["a@1"] and m.residency(URL, "a@1") is Tier.WARM
-    assert m.residency(URL, "b@1") is Tier.COLD
+    assert adopted == ["a@1"] and m.residency(URL, "a@1") is ResidencyTier.WARM
+    assert m.residency(URL, "b@1") is ResidencyTier.COLD
     assert sorted(p.name.split("-")[0] for p in _dirs(warm_dir)) == ["a@1"]
     d = await m.ensure_hot(URL, a, budget_s=60)  # served from the adopted copy
     assert d.start == "warm"
@@ -66,7 +66,7 @@ async def test_canary_is_shadow_prewarmed_where_stable_is_hot(
     s.manager.resolver.refresh()
     assert sync_releases(s.manager) == [(stable_engine, "a@2")]
     await asyncio.gather(*s.manager.engine(stable_engine).loads.values())
-    assert s.manager.residency(stable_engine, "a@2") is Tier.HOT
+    assert s.manager.residency(stable_engine, "a@2") is ResidencyTier.HOT
     assert sync_releases(s.manager) == []  # one engine is enough (canary_prewarm_engines=1)
 
 
@@ -83,7 +83,7 @@ async def test_scheduled_warmup_on_home_engines(make_setup: Callable[..., Setup]
         assert s.manager.home_rank(url, s.manager.resolver.version(name[:2], "1")) == 0  # type: ignore[arg-type]
     for eng in s.manager.engines.values():
         await asyncio.gather(*eng.loads.values())
-    assert all(s.manager.residency(u, n) is Tier.WARM for u, n in started)
+    assert all(s.manager.residency(u, n) is ResidencyTier.WARM for u, n in started)
     assert run_warmups(s.manager) == []  # a startup warmup fires once
 
 
@@ -131,5 +131,5 @@ async def test_two_routers_share_an_engine(make_setup: Callable[..., Setup]) -> 
     )
     report = await reconcile(other, other.engine(URL))
     assert (report.adopted_hot, report.unloaded) == (["a@1"], [])  # verified, not unloaded
-    assert other.residency(URL, "a@1") is Tier.HOT and "a@1" in s.driver.engine(URL).loaded
+    assert other.residency(URL, "a@1") is ResidencyTier.HOT and "a@1" in s.driver.engine(URL).loaded
     await other.aclose()

@@ -10,12 +10,12 @@ import pytest
 
 from kvstack.errors import VerificationError
 from kvstack.lora.basemodel import BaseModelDims
-from kvstack.lora.config import EngineSpec
+from kvstack.lora.config import AdapterEngineSpec
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.signing import generate_keypair
 from tests.lora.adapters import TINY_DIMS, synthetic_adapter
 
-ENGINE = EngineSpec(url="http://e", base_model="toy", served_model_name="toy", warm_dir="/w")
+ENGINE = AdapterEngineSpec(url="http://e", base_model="toy", served_model_name="toy", warm_dir="/w")
 
 
 def register(plane: ControlPlane, src: Path, version: str = "1", **kw: object) -> object:

@@ -12,12 +12,12 @@ import httpx
 import openai
 import pytest
 
-from kvstack.lora.config import EngineSpec, RequestClassBudget
+from kvstack.lora.config import AdapterEngineSpec, RequestClassBudget
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.decision import Action
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.manager import AdapterCacheManager
-from kvstack.lora.residency import Tier
+from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.upkeep import reconcile, sync_releases
 from kvstack.router.router import Router
@@ -79,7 +79,7 @@ async def test_load_serve_evict_publish_in_flight_rollback(
     config = plane.config.model_copy(
         update={
             "engines": [
-                EngineSpec(
+                AdapterEngineSpec(
                     url=engine.url,
                     base_model="toy",
                     served_model_name="toy",
@@ -114,7 +114,7 @@ async def test_load_serve_evict_publish_in_flight_rollback(
             d = await m.ensure_hot(url, resolver.resolve(name), budget_s=120)
             d.finish(served_model=(await _complete(client, d.model))[0])
         assert set(await driver.adapters(url, 10)) == {"b@1", "c@1"}
-        assert m.residency(url, "a@1") is Tier.WARM
+        assert m.residency(url, "a@1") is ResidencyTier.WARM
         models = (await client.models.list()).data
         assert {c.id for c in models} == {"toy", "b@1", "c@1"}
 
@@ -194,7 +194,7 @@ async def test_router_resolves_and_loads_adapters_on_a_real_engine(
     plane = real_plane(tmp_path, peft_sources, keypair, toy_model)
     plane.register(str(peft_sources / "b-v1"), "routed", "1", "toy", "acme", "gold", "test")
     plane.sign("routed", "1", keypair[0], "test")
-    spec = EngineSpec(
+    spec = AdapterEngineSpec(
         url=engine.url,
         base_model="toy",
         served_model_name="toy",
@@ -217,7 +217,7 @@ async def _through_router(url: str, engine: VLLMServer, control: LoRAControl) ->
         assert {"toy", "routed"} <= listed
         served, text = await _complete(via_router, "routed")
         assert served == "routed@1"
-        assert control.manager.residency(engine.url, "routed@1") is Tier.HOT
+        assert control.manager.residency(engine.url, "routed@1") is ResidencyTier.HOT
         assert (await _complete(direct, "routed@1")) == (served, text)
         assert (await _complete(direct, "toy"))[1] != text
         stream = await via_router.completions.create(

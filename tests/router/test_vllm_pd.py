@@ -28,8 +28,8 @@ import httpx
 import pytest
 
 from kvstack.index.radix import Namespace, Owner
-from kvstack.lora.config import EngineSpec, RequestClassBudget
-from kvstack.lora.residency import Tier
+from kvstack.lora.config import AdapterEngineSpec, RequestClassBudget
+from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.signing import generate_keypair
 from kvstack.models.toy import _WORDS
 from kvstack.router.prefix.state import PrefixState
@@ -179,7 +179,7 @@ async def test_pd_with_a_managed_adapter(pd_engines: PDEngines, tmp_path: Path) 
     plane.register(str(tmp_path / "sources" / "docs"), "docs", "1", "toy", "acme", "gold", "t")
     plane.sign("docs", "1", keys[0], "t")
     specs = [
-        EngineSpec(url=engine.url, base_model="toy", served_model_name="toy",
+        AdapterEngineSpec(url=engine.url, base_model="toy", served_model_name="toy",
                    warm_dir=str(tmp_path / f"warm-{i}"), gpu_slots=2, host_slots=3)
         for i, engine in enumerate((e.prefill, e.decode))
     ]  # fmt: skip
@@ -195,7 +195,9 @@ async def test_pd_with_a_managed_adapter(pd_engines: PDEngines, tmp_path: Path) 
     async with serve_router(config, Router(config, lora=control)) as r:
         reference, decision = await _through_router(r.url, prompt, 12, model="docs")
         assert "pd=adapter_not_hot" in decision
-        await until(lambda: control.manager.residency(e.prefill.url, "docs@1") is Tier.HOT, 60)
+        await until(
+            lambda: control.manager.residency(e.prefill.url, "docs@1") is ResidencyTier.HOT, 60
+        )
         reset = await asyncio.to_thread(
             httpx.post, f"{e.decode.url}/reset_prefix_cache", timeout=60
         )

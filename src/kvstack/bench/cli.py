@@ -15,7 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "index": ("kvstack.bench.index", "cluster KV index lookup speed with 1M chunks"),
     "shared": ("kvstack.bench.shared_tiers", "Redis, S3 and peer tiers against loopback TCP"),
     "radix": ("kvstack.bench.radix", "the router's radix prefix index: insert and match"),
-    "lora": ("kvstack.lora.bench", "adapter cache policies on the lora-zipf workload"),
+    "lora": ("kvstack.bench.lora.cli", "adapter cache policies on the lora-zipf workload"),
     "sim": (
         "kvstack.bench.sim_perf",
         "simulator capacity: one engine's req/s, a fleet on this host",

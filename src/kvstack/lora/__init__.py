@@ -12,7 +12,7 @@ What the router calls (everything it needs, nothing more)::
     resolution = lora.resolver.resolve(body["model"], routing_key=user_or_session)
     if resolution is None: ...                      # not an adapter: a base model or unknown
     # LoRA affinity scorer: prefer hot, then warm, then a free slot
-    tier = lora.manager.residency(engine_url, resolution.engine_name)   # Tier.HOT/WARM/COLD
+    tier = lora.manager.residency(engine_url, resolution.engine_name)   # a ResidencyTier
     free = lora.manager.free_hot_slots(engine_url)
     # once an engine is picked
     decision = await lora.manager.ensure_hot(engine_url, resolution, request_class="interactive")
@@ -34,7 +34,10 @@ What the router calls (everything it needs, nothing more)::
   canaries, rolls back and disables adapter versions; every decision goes to the audit log.
 - :func:`create_admin_app` is the admin HTTP API over both.
 
-Attributes are imported lazily, so ``import kvstack.lora`` is cheap.
+Attributes are imported lazily, so ``import kvstack.lora`` is cheap. The names this package
+exported before class names became unique across kvstack (``Decision``, ``Resolution``,
+``Tier``) still resolve, with a :class:`DeprecationWarning`, to :class:`AdapterDecision`,
+:class:`AdapterResolution` and :class:`ResidencyTier`.
 """
 
 from __future__ import annotations
@@ -46,27 +49,27 @@ if TYPE_CHECKING:
     from kvstack.lora.admin import create_admin_app
     from kvstack.lora.config import LoRAConfig
     from kvstack.lora.control import LoRAControl
-    from kvstack.lora.decision import FALLBACK_HEADER, Action, Decision
+    from kvstack.lora.decision import FALLBACK_HEADER, Action, AdapterDecision
     from kvstack.lora.manager import AdapterCacheManager, EngineResidency
     from kvstack.lora.plane import ControlPlane
-    from kvstack.lora.residency import Tier
-    from kvstack.lora.resolver import Resolution, Resolver
+    from kvstack.lora.residency import ResidencyTier
+    from kvstack.lora.resolver import AdapterResolution, Resolver
 
 __all__ = [
     "FALLBACK_HEADER",
     "Action",
     "AdapterCacheManager",
+    "AdapterDecision",
+    "AdapterResolution",
     "AdapterVersion",
     "ControlPlane",
-    "Decision",
     "EngineResidency",
     "LoRAConfig",
     "LoRAControl",
     "Release",
-    "Resolution",
+    "ResidencyTier",
     "Resolver",
     "Status",
-    "Tier",
     "create_admin_app",
 ]
 
@@ -79,17 +82,33 @@ _LAZY = {
     "LoRAControl": "kvstack.lora.control",
     "FALLBACK_HEADER": "kvstack.lora.decision",
     "Action": "kvstack.lora.decision",
-    "Decision": "kvstack.lora.decision",
+    "AdapterDecision": "kvstack.lora.decision",
     "AdapterCacheManager": "kvstack.lora.manager",
     "EngineResidency": "kvstack.lora.manager",
     "ControlPlane": "kvstack.lora.plane",
-    "Tier": "kvstack.lora.residency",
-    "Resolution": "kvstack.lora.resolver",
+    "ResidencyTier": "kvstack.lora.residency",
+    "AdapterResolution": "kvstack.lora.resolver",
     "Resolver": "kvstack.lora.resolver",
+}
+# Names this package exported before class names became unique across kvstack.
+_DEPRECATED = {
+    "Decision": "AdapterDecision",
+    "Resolution": "AdapterResolution",
+    "Tier": "ResidencyTier",
 }
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        import warnings
+
+        new = _DEPRECATED[name]
+        warnings.warn(
+            f"kvstack.lora.{name} is deprecated; use kvstack.lora.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        name = new
     if name in _LAZY:
         import importlib
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 
-from kvstack.lora.residency import EngineCache, Tier
+from kvstack.lora.residency import EngineCache, ResidencyTier
 
 __all__ = ["WARM_SCORE", "affinity_scores", "pick_engine", "rendezvous_order"]
 
@@ -31,12 +31,12 @@ def affinity_scores(
     for rank, url in enumerate(order):
         home = 1.0 - rank / last  # 1.0 at home, 0.0 for the last engine
         cache = caches.get(url)
-        tier = cache.residency(adapter_name) if cache is not None else Tier.COLD
+        tier = cache.residency(adapter_name) if cache is not None else ResidencyTier.COLD
         if loading.get(url, False):
             scores[url] = 0.9
-        elif tier is Tier.HOT:
+        elif tier is ResidencyTier.HOT:
             scores[url] = 0.95 + 0.05 * home
-        elif tier is Tier.WARM:
+        elif tier is ResidencyTier.WARM:
             scores[url] = WARM_SCORE + 0.05 * home
         else:
             scores[url] = 0.2 + 0.4 * home

@@ -19,6 +19,9 @@ fields are those of :class:`kvstack.lora.facts.AdapterFacts`. ``home_rank`` is a
 in the adapter's rendezvous order: pinning platinum on its home engine (``home_rank < 1``)
 rather than on every engine costs one warm slot per adapter instead of one per engine, which in
 the benchmark is the difference between weighted hotness clearly beating LRU and barely.
+
+A leaf of the package: besides :mod:`kvstack.section` it imports only the rule language and the
+fact schema, both pure and config-level, so loading the section loads no runtime module.
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from kvstack.lora.expr import compile_rule
+from kvstack.lora.facts import FACT_TYPES
 from kvstack.section import Section, parse_size
 
 __all__ = [
     "AdapterCachePolicy",
+    "AdapterEngineSpec",
     "BaseModelRef",
-    "EngineSpec",
     "HotScoreWeights",
     "LoRAConfig",
     "RequestClassBudget",
@@ -99,9 +104,6 @@ class AdapterCachePolicy(Section):
     @field_validator("never_evict_when", "demote_when")
     @classmethod
     def _rules_parse(cls, rules: list[str]) -> list[str]:
-        from kvstack.lora.expr import compile_rule
-        from kvstack.lora.facts import FACT_TYPES
-
         for rule in rules:
             compile_rule(rule, FACT_TYPES)
         return rules
@@ -141,7 +143,7 @@ class BaseModelRef(Section):
     tokenizer_revision: str = Field(default="", description="tokenizer revision; '' = any")
 
 
-class EngineSpec(Section):
+class AdapterEngineSpec(Section):
     url: str = Field(description="engine base URL, e.g. http://10.0.0.5:8000")
     base_model: str = Field(description="registry name of the base model it serves")
     served_model_name: str = Field(description="the base model's name on the engine")
@@ -168,9 +170,6 @@ class ScheduledWarmup(Section):
     @field_validator("select")
     @classmethod
     def _select_parses(cls, rule: str) -> str:
-        from kvstack.lora.expr import compile_rule
-        from kvstack.lora.facts import FACT_TYPES
-
         compile_rule(rule, FACT_TYPES)
         return rule
 
@@ -221,7 +220,7 @@ class LoRAConfig(Section):
         default_factory=lambda: {"warm": 0.5, "cold": 3.0},
         description="predicted load time before enough loads were observed",
     )
-    engines: list[EngineSpec] = Field(default_factory=list)
+    engines: list[AdapterEngineSpec] = Field(default_factory=list)
     engine_timeout_s: float = Field(default=30.0, gt=0, description="per engine call")
     io_threads: int = Field(
         default=16, ge=1, le=1024, description="threads for store fetches and verification"

@@ -5,7 +5,7 @@
 tenant allows it and the adapter could not be made hot within the budget).
 ``reject``: answer 503 with ``Retry-After`` (or without, for a permanent failure).
 
-The router calls :meth:`Decision.finish` exactly once when the request ends (any action): it
+The router calls :meth:`AdapterDecision.finish` exactly once when the request ends (any action): it
 releases the adapter for eviction, records TTFT per adapter, cold or warm, and checks that the
 engine answered with the version the request was routed with.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["FALLBACK_HEADER", "Action", "Decision"]
+__all__ = ["FALLBACK_HEADER", "Action", "AdapterDecision"]
 
 FALLBACK_HEADER = "x-kvstack-adapter-fallback"
 
@@ -35,7 +35,7 @@ def _no_finish(_ttft_s: float | None, _ok: bool, _served: str | None) -> None:
 
 
 @dataclass(slots=True)
-class Decision:
+class AdapterDecision:
     action: Action
     model: str  # what to put in the forwarded request's "model" field ("" for reject)
     engine_url: str

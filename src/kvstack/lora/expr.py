@@ -5,6 +5,9 @@
 be a known field, every constant a str, int, float, bool or None (or a tuple/list of them after
 ``in``), and a comparison must be between compatible types, so a typo fails when the config
 loads, not when the first adapter is evicted. The compiled rule takes a mapping of field values.
+
+Config-level: pure (no I/O, no state), it imports only :mod:`kvstack.errors`, so the ``lora``
+section can check its rules when it loads without importing any runtime module.
 """
 
 from __future__ import annotations

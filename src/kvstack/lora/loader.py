@@ -23,11 +23,11 @@ from typing import Any, TypeVar
 from kvstack.errors import AdapterLoadError, VerificationError
 from kvstack.lora.adapters import AdapterVersion
 from kvstack.lora.audit import AuditEntry, AuditLog
-from kvstack.lora.config import EngineSpec, LoRAConfig
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig
 from kvstack.lora.driver import EngineDriver
 from kvstack.lora.metrics import LoRAMetrics
 from kvstack.lora.predict import LoadTimePredictor
-from kvstack.lora.residency import EngineCache, Entry, State, Tier
+from kvstack.lora.residency import EngineCache, Entry, ResidencyTier, State
 from kvstack.lora.stats import StatsTable
 from kvstack.lora.store import ArtifactStore
 from kvstack.lora.verify import Verifier
@@ -41,7 +41,7 @@ MARKER_SUFFIX = ".verified.json"
 
 @dataclass
 class EngineState:
-    spec: EngineSpec
+    spec: AdapterEngineSpec
     cache: EngineCache
     stats: StatsTable
     warm_dir: Path
@@ -115,10 +115,10 @@ class AdapterLoader:
         async with eng.lock(name):
             start, waited = self.clock(), 0.0
             tier = eng.cache.residency(name)
-            if tier is Tier.HOT:
+            if tier is ResidencyTier.HOT:
                 return
             try:
-                if tier is Tier.COLD:
+                if tier is ResidencyTier.COLD:
                     waited += await self._materialise_slot(eng, adapter, cold_slot)
                 waited += await self._engine_load(eng, adapter)
             except (AdapterLoadError, VerificationError) as exc:
@@ -139,7 +139,7 @@ class AdapterLoader:
         """Materialise ``adapter`` on the engine host without loading it (prewarm)."""
         start = self.clock()
         async with eng.lock(adapter.engine_name):
-            if eng.cache.residency(adapter.engine_name) is not Tier.COLD:
+            if eng.cache.residency(adapter.engine_name) is not ResidencyTier.COLD:
                 return
             try:
                 await self._materialise_slot(eng, adapter, cold_slot)
@@ -166,7 +166,7 @@ class AdapterLoader:
         if pinned:
             self.metrics.violation("pinned_eviction")
         async with eng.lock(entry.name):
-            if entry.tier is Tier.HOT:
+            if entry.tier is ResidencyTier.HOT:
                 await self.driver.unload(eng.spec.url, entry.name, self.config.engine_timeout_s)
             eng.verified.discard(entry.path)
             target = eng.warm_dir / Path(entry.path).name

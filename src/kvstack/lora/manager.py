@@ -31,16 +31,16 @@ from kvstack.errors import AdapterLoadError, LoRAError, VerificationError
 from kvstack.lora.adapters import AdapterVersion
 from kvstack.lora.affinity import affinity_scores, rendezvous_order
 from kvstack.lora.audit import AuditLog
-from kvstack.lora.config import EngineSpec, LoRAConfig, RequestClassBudget
-from kvstack.lora.decision import Decision
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig, RequestClassBudget
+from kvstack.lora.decision import AdapterDecision
 from kvstack.lora.driver import EngineDriver, HTTPEngineDriver
-from kvstack.lora.facts import FactsBuilder
+from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.loader import AdapterLoader, EngineState
 from kvstack.lora.metrics import LoRAMetrics
 from kvstack.lora.policy import make_policy
 from kvstack.lora.predict import LoadTimePredictor, reload_estimate
-from kvstack.lora.residency import EngineCache, Tier
-from kvstack.lora.resolver import Resolution, Resolver
+from kvstack.lora.residency import EngineCache, ResidencyTier
+from kvstack.lora.resolver import AdapterResolution, Resolver
 from kvstack.lora.rules import CacheRules
 from kvstack.lora.serving import not_now, serve
 from kvstack.lora.stats import StatsTable
@@ -111,7 +111,7 @@ class AdapterCacheManager:
 
     # -- engines --------------------------------------------------------------------------
 
-    def add_engine(self, spec: EngineSpec) -> None:
+    def add_engine(self, spec: AdapterEngineSpec) -> None:
         policy = self.policy_config
         warm_dir = Path(spec.warm_dir).expanduser()
         warm_dir.mkdir(parents=True, exist_ok=True)
@@ -155,7 +155,7 @@ class AdapterCacheManager:
 
     # -- queries for the router -----------------------------------------------------------
 
-    def residency(self, engine_url: str, adapter_name: str) -> Tier:
+    def residency(self, engine_url: str, adapter_name: str) -> ResidencyTier:
         """hot, warm or cold for ``adapter_id@version`` on an engine."""
         return self.engine(engine_url).cache.residency(adapter_name)
 
@@ -168,8 +168,10 @@ class AdapterCacheManager:
         return EngineResidency(
             engine_url,
             eng.spec.base_model,
-            hot=tuple(n for n in sorted(cache.entries) if cache.residency(n) is Tier.HOT),
-            warm=tuple(n for n in sorted(cache.entries) if cache.residency(n) is Tier.WARM),
+            hot=tuple(n for n in sorted(cache.entries) if cache.residency(n) is ResidencyTier.HOT),
+            warm=tuple(
+                n for n in sorted(cache.entries) if cache.residency(n) is ResidencyTier.WARM
+            ),
             loading=tuple(sorted(eng.loads)),
             free_hot_slots=cache.free_hot_slots(),
             free_warm_slots=cache.free_warm_slots(),
@@ -191,19 +193,19 @@ class AdapterCacheManager:
     async def ensure_hot(
         self,
         engine_url: str,
-        adapter: AdapterVersion | Resolution,
+        adapter: AdapterVersion | AdapterResolution,
         request_class: str = "interactive",
         budget_s: float | None = None,
-    ) -> Decision:
+    ) -> AdapterDecision:
         """Decide how a request for ``adapter`` is served on ``engine_url`` (see the module doc);
         waits for a load only when the prediction fits the budget."""
-        if isinstance(adapter, Resolution):
+        if isinstance(adapter, AdapterResolution):
             adapter = adapter.adapter
         eng = self.engine(engine_url)
         klass = self._request_class(request_class)
         start = self._arrive(eng, adapter)
         self.metrics.request(adapter.adapter_id, start.value, self.is_protected(adapter))
-        if start is Tier.HOT:
+        if start is ResidencyTier.HOT:
             return serve(self, eng, adapter, start, 0.0, 0.0)
         budget = budget_s if budget_s is not None else klass.cold_start_budget_s
         predicted = self.predictor.predict(engine_url, start.value)
@@ -217,21 +219,21 @@ class AdapterCacheManager:
         )
 
     def hold_for_prefill(
-        self, engine_url: str, adapter: AdapterVersion | Resolution
-    ) -> Decision | None:
+        self, engine_url: str, adapter: AdapterVersion | AdapterResolution
+    ) -> AdapterDecision | None:
         """A hold on ``adapter`` for a remote prefill step on ``engine_url`` when it is hot there
         (``finish`` releases it); else None, and a background load starts there. The step never
         waits for a load: the decode engine computes the prompt itself instead, and a later
         request for the adapter finds it hot on the prefill engine."""
-        if isinstance(adapter, Resolution):
+        if isinstance(adapter, AdapterResolution):
             adapter = adapter.adapter
         eng = self.engine(engine_url)
-        if self._arrive(eng, adapter) is Tier.HOT:
-            return serve(self, eng, adapter, Tier.HOT, 0.0, 0.0)
+        if self._arrive(eng, adapter) is ResidencyTier.HOT:
+            return serve(self, eng, adapter, ResidencyTier.HOT, 0.0, 0.0)
         self.prewarm_on(eng, adapter, "background")
         return None
 
-    def _arrive(self, eng: EngineState, adapter: AdapterVersion) -> Tier:
+    def _arrive(self, eng: EngineState, adapter: AdapterVersion) -> ResidencyTier:
         """Count a request for ``adapter`` on the engine (its popularity there); its residency."""
         name = adapter.engine_name
         eng.stats.get(name).on_request(self.clock(), self.policy_config.qps_window_s)
@@ -241,12 +243,12 @@ class AdapterCacheManager:
         self,
         eng: EngineState,
         adapter: AdapterVersion,
-        start: Tier,
+        start: ResidencyTier,
         klass: RequestClassBudget,
         request_class: str,
         budget: float | None,
         predicted: float,
-    ) -> Decision:
+    ) -> AdapterDecision:
         name, began = adapter.engine_name, self.clock()
         eng.cache.add_waiter(name, +1)
         try:
@@ -261,14 +263,18 @@ class AdapterCacheManager:
         finally:
             eng.cache.add_waiter(name, -1)
             eng.notify_released()
-        if eng.cache.residency(name) is not Tier.HOT:  # disabled or dropped meanwhile
+        if eng.cache.residency(name) is not ResidencyTier.HOT:  # disabled or dropped meanwhile
             return not_now(self, eng, adapter, start, klass, "unloaded_while_waiting", predicted)
         return serve(self, eng, adapter, start, self.clock() - began, predicted)
 
     # -- loads ----------------------------------------------------------------------------
 
     def _load_task(
-        self, eng: EngineState, adapter: AdapterVersion, request_class: str, to: Tier = Tier.HOT
+        self,
+        eng: EngineState,
+        adapter: AdapterVersion,
+        request_class: str,
+        to: ResidencyTier = ResidencyTier.HOT,
     ) -> asyncio.Task[None]:
         name = adapter.engine_name
         task = eng.loads.get(name)
@@ -276,7 +282,7 @@ class AdapterCacheManager:
             return task
         klass = self._request_class(request_class)
         slot = eng.cold_slot(request_class, klass.max_concurrent_cold_loads)
-        make = self.loader.make_hot if to is Tier.HOT else self.loader.make_warm
+        make = self.loader.make_hot if to is ResidencyTier.HOT else self.loader.make_warm
         task = asyncio.create_task(make(eng, adapter, slot), name=f"lora-load:{name}")
         eng.loads[name] = task
         task.add_done_callback(lambda t: _forget(eng.loads, name, t))
@@ -287,13 +293,16 @@ class AdapterCacheManager:
         eng: EngineState,
         adapter: AdapterVersion,
         request_class: str = "background",
-        to: Tier = Tier.HOT,
+        to: ResidencyTier = ResidencyTier.HOT,
     ) -> asyncio.Task[None]:
         """Start (or join) a load without waiting; failures are audited and counted."""
         return self._load_task(eng, adapter, request_class, to)
 
     async def prewarm(
-        self, adapter: AdapterVersion, engine_urls: Iterable[str] | None = None, to: Tier = Tier.HOT
+        self,
+        adapter: AdapterVersion,
+        engine_urls: Iterable[str] | None = None,
+        to: ResidencyTier = ResidencyTier.HOT,
     ) -> dict[str, str]:
         """Load ``adapter`` on the given engines (default: all serving its base model) and wait;
         returns the outcome per engine ('ok' or the failure reason)."""

@@ -18,7 +18,7 @@ from typing import TypeVar
 from kvstack.errors import LoRAError, VerificationError
 from kvstack.lora.adapters import AdapterVersion, Release, check_name
 from kvstack.lora.audit import AuditEntry, AuditLog
-from kvstack.lora.config import EngineSpec, LoRAConfig
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig
 from kvstack.lora.registry import AdapterRegistry
 from kvstack.lora.signing import sign
 from kvstack.lora.store import ArtifactStore, fetch_source, open_store
@@ -113,7 +113,7 @@ class ControlPlane:
         return self._audited("sign", actor, adapter_id, version, work, lambda v: v.sha256)
 
     def verify(
-        self, adapter_id: str, version: str, actor: str, engine: EngineSpec | None = None
+        self, adapter_id: str, version: str, actor: str, engine: AdapterEngineSpec | None = None
     ) -> AdapterVersion:
         """Fetch the stored artifact and run every load-time check (for one engine if given)."""
 
@@ -196,9 +196,9 @@ def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0
 
 
-def _engine_for(adapter: AdapterVersion) -> EngineSpec:
+def _engine_for(adapter: AdapterVersion) -> AdapterEngineSpec:
     """A stand-in engine that serves the adapter's base model with any rank (verify without one)."""
-    return EngineSpec(
+    return AdapterEngineSpec(
         url="http://verify.invalid",
         base_model=adapter.base_model,
         served_model_name=adapter.base_model,

@@ -23,16 +23,16 @@ from kvstack.registry import Registry
 
 __all__ = [
     "POLICIES",
+    "AdapterLRUPolicy",
     "AdapterPolicy",
-    "Candidate",
-    "LRUPolicy",
+    "EvictionCandidate",
     "WeightedLRUPolicy",
     "make_policy",
 ]
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class EvictionCandidate:
     name: str
     facts: AdapterFacts
     last_request_at: float
@@ -41,12 +41,12 @@ class Candidate:
 
 class AdapterPolicy(ABC):
     @abstractmethod
-    def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
+    def victim(self, candidates: Sequence[EvictionCandidate]) -> EvictionCandidate | None:
         """The candidate to evict first, or None when there is none. Pure: no side effects."""
 
 
-class LRUPolicy(AdapterPolicy):
-    def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
+class AdapterLRUPolicy(AdapterPolicy):
+    def victim(self, candidates: Sequence[EvictionCandidate]) -> EvictionCandidate | None:
         return min(candidates, key=lambda c: (c.last_request_at, c.name), default=None)
 
 
@@ -55,7 +55,7 @@ class WeightedLRUPolicy(AdapterPolicy):
         self.weights = weights
         self.priority_weights = dict(priority_weights)
 
-    def victim(self, candidates: Sequence[Candidate]) -> Candidate | None:
+    def victim(self, candidates: Sequence[EvictionCandidate]) -> EvictionCandidate | None:
         if not candidates:
             return None
         qps_rank = _percentile_ranks([c.facts.qps_10m for c in candidates])
@@ -72,7 +72,7 @@ class WeightedLRUPolicy(AdapterPolicy):
         ]
         return min(scored, key=lambda t: t[:4])[4]
 
-    def score(self, c: Candidate, qps_feature: float, reload_feature: float) -> float:
+    def score(self, c: EvictionCandidate, qps_feature: float, reload_feature: float) -> float:
         w = self.weights
         return (
             w.qps_10m * qps_feature
@@ -97,7 +97,7 @@ def _percentile_ranks(values: Sequence[float]) -> list[float]:
 
 PolicyFactory = Callable[[AdapterCachePolicy, Mapping[str, float]], AdapterPolicy]
 POLICIES: Registry[PolicyFactory] = Registry("adapter eviction policy")
-POLICIES.register("lru", lambda _policy, _weights: LRUPolicy())
+POLICIES.register("lru", lambda _policy, _weights: AdapterLRUPolicy())
 POLICIES.register(
     "weighted-lru", lambda policy, weights: WeightedLRUPolicy(policy.hot_score, weights)
 )

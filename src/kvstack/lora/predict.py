@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvstack.lora.residency import Entry, Tier
+    from kvstack.lora.residency import Entry, ResidencyTier
     from kvstack.lora.stats import StatsTable
 
 __all__ = ["LoadTimeHistogram", "LoadTimePredictor", "reload_estimate"]
@@ -75,7 +75,7 @@ class LoadTimePredictor:
 
 
 def reload_estimate(
-    predictor: LoadTimePredictor, stats: StatsTable, engine: str, entry: Entry, tier: Tier
+    predictor: LoadTimePredictor, stats: StatsTable, engine: str, entry: Entry, tier: ResidencyTier
 ) -> float:
     """Seconds to bring ``entry`` back if it leaves ``tier``: its own last load from the tier
     below when one was observed here (big adapters take longer), else the prediction."""

@@ -20,12 +20,12 @@ from enum import Enum
 
 from kvstack.lora.adapters import AdapterVersion
 from kvstack.lora.facts import AdapterFacts
-from kvstack.lora.policy import AdapterPolicy, Candidate
+from kvstack.lora.policy import AdapterPolicy, EvictionCandidate
 
-__all__ = ["EngineCache", "Entry", "State", "Tier"]
+__all__ = ["EngineCache", "Entry", "ResidencyTier", "State"]
 
 
-class Tier(str, Enum):
+class ResidencyTier(str, Enum):
     HOT = "hot"
     WARM = "warm"
     COLD = "cold"
@@ -52,8 +52,8 @@ class Entry:
         return self.adapter.engine_name
 
     @property
-    def tier(self) -> Tier:
-        return Tier.HOT if self.state in (State.HOT, State.LOADING) else Tier.WARM
+    def tier(self) -> ResidencyTier:
+        return ResidencyTier.HOT if self.state in (State.HOT, State.LOADING) else ResidencyTier.WARM
 
     def protected(self, now: float) -> bool:
         return self.in_flight > 0 or self.busy_until > now
@@ -61,7 +61,7 @@ class Entry:
 
 FactsFn = Callable[[Entry, float], AdapterFacts]
 PinnedFn = Callable[[AdapterFacts], bool]
-ReloadFn = Callable[[Entry, Tier], float]
+ReloadFn = Callable[[Entry, ResidencyTier], float]
 
 
 class EngineCache:
@@ -91,14 +91,14 @@ class EngineCache:
 
     # -- queries --------------------------------------------------------------------------
 
-    def residency(self, name: str) -> Tier:
+    def residency(self, name: str) -> ResidencyTier:
         entry = self.entries.get(name)
         if entry is None or entry.state is State.MATERIALISING:
-            return Tier.COLD
-        return Tier.HOT if entry.state is State.HOT else Tier.WARM
+            return ResidencyTier.COLD
+        return ResidencyTier.HOT if entry.state is State.HOT else ResidencyTier.WARM
 
     def num_hot(self) -> int:
-        return sum(1 for e in self.entries.values() if e.tier is Tier.HOT)
+        return sum(1 for e in self.entries.values() if e.tier is ResidencyTier.HOT)
 
     def free_hot_slots(self) -> int:
         return self.gpu_slots - self.num_hot()
@@ -206,15 +206,15 @@ class EngineCache:
     def _victim(
         self, state: State, now: float, allow_pinned: bool, exclude: list[Entry]
     ) -> Entry | None:
-        free: list[Candidate] = []
-        pinned: list[Candidate] = []
-        from_tier = Tier.HOT if state is State.HOT else Tier.WARM
+        free: list[EvictionCandidate] = []
+        pinned: list[EvictionCandidate] = []
+        from_tier = ResidencyTier.HOT if state is State.HOT else ResidencyTier.WARM
         for entry in self.entries.values():
             if entry.state is not state or entry in exclude or self.is_protected(entry, now):
                 continue
             facts = self._facts(entry, now)
             reload_s = self._reload_s(entry, from_tier)
-            candidate = Candidate(entry.name, facts, _last_request_at(facts, now), reload_s)
+            candidate = EvictionCandidate(entry.name, facts, _last_request_at(facts, now), reload_s)
             (pinned if self._pinned(facts) else free).append(candidate)
         chosen = self.policy.victim(free) or (self.policy.victim(pinned) if allow_pinned else None)
         return None if chosen is None else self.entries[chosen.name]

@@ -23,11 +23,11 @@ from kvstack.lora.adapters import AdapterVersion, Release, Status, split_engine_
 from kvstack.lora.config import LoRAConfig
 from kvstack.lora.registry import AdapterRegistry, RegistrySnapshot
 
-__all__ = ["Resolution", "Resolver"]
+__all__ = ["AdapterResolution", "Resolver"]
 
 
 @dataclass(frozen=True, slots=True)
-class Resolution:
+class AdapterResolution:
     model: str  # the name the client asked for
     adapter: AdapterVersion
     is_canary: bool
@@ -76,7 +76,7 @@ class Resolver:
             await asyncio.sleep(interval_s)
             await self.refresh_async()
 
-    def resolve(self, model: str, routing_key: str | None = None) -> Resolution | None:
+    def resolve(self, model: str, routing_key: str | None = None) -> AdapterResolution | None:
         pinned = split_engine_name(model)
         if pinned is not None:
             return self._pinned(model, *pinned)
@@ -93,7 +93,7 @@ class Resolver:
             raise RegistryError(f"adapter {model!r} has no active version")
         return self._resolution(model, self._versions[(model, version)], is_canary)
 
-    def _pinned(self, model: str, adapter_id: str, version: str) -> Resolution | None:
+    def _pinned(self, model: str, adapter_id: str, version: str) -> AdapterResolution | None:
         adapter = self._versions.get((adapter_id, version))
         if adapter is None:
             if adapter_id in self._releases:
@@ -103,9 +103,11 @@ class Resolver:
             raise RegistryError(f"{model} is disabled")
         return self._resolution(model, adapter, adapter.status is Status.CANARY)
 
-    def _resolution(self, model: str, adapter: AdapterVersion, is_canary: bool) -> Resolution:
+    def _resolution(
+        self, model: str, adapter: AdapterVersion, is_canary: bool
+    ) -> AdapterResolution:
         tenant = self.config.tenant(adapter.tenant_id)
-        return Resolution(model, adapter, is_canary, tenant.allow_base_fallback)
+        return AdapterResolution(model, adapter, is_canary, tenant.allow_base_fallback)
 
     # -- what the cache manager asks ------------------------------------------------------
 

@@ -1,37 +1,69 @@
 """Building decisions and finishing requests: the in-flight lease, TTFT per adapter (cold or
-warm apart), the wrong-version check, and retiring a superseded version after its last request."""
+warm apart), the wrong-version check, and retiring a superseded version after its last request.
+
+The helpers take the manager as a :class:`ServingContext`, the few parts of it they use, so that
+this module sits below :mod:`kvstack.lora.manager` (which calls it) and
+:mod:`kvstack.lora.upkeep` (which retires versions in its sweeps) and imports neither.
+"""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import Any, Protocol
 
-from kvstack.lora.adapters import AdapterVersion
-from kvstack.lora.config import RequestClassBudget
-from kvstack.lora.decision import Action, Decision
-from kvstack.lora.loader import EngineState
-from kvstack.lora.residency import Entry, Tier
-from kvstack.lora.upkeep import retire
+from kvstack.lora.adapters import AdapterVersion, Status
+from kvstack.lora.config import LoRAConfig, RequestClassBudget
+from kvstack.lora.decision import Action, AdapterDecision
+from kvstack.lora.loader import AdapterLoader, EngineState
+from kvstack.lora.metrics import LoRAMetrics
+from kvstack.lora.residency import Entry, ResidencyTier, State
+from kvstack.lora.resolver import Resolver
 
-if TYPE_CHECKING:
-    from kvstack.lora.manager import AdapterCacheManager
-
-__all__ = ["not_now", "serve"]
+__all__ = ["ServingContext", "not_now", "retire", "serve"]
 
 log = logging.getLogger(__name__)
 
 
+class ServingContext(Protocol):
+    """What serving and retiring need of the adapter cache manager (which is one)."""
+
+    @property
+    def config(self) -> LoRAConfig: ...
+
+    @property
+    def metrics(self) -> LoRAMetrics: ...
+
+    @property
+    def resolver(self) -> Resolver: ...
+
+    @property
+    def loader(self) -> AdapterLoader: ...
+
+    def clock(self) -> float:
+        """Now, in the manager's seconds."""
+        ...
+
+    def is_protected(self, adapter: AdapterVersion) -> bool:
+        """Canary and pinned adapters are always named in metrics."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` in the background; the manager cancels it when it closes."""
+        ...
+
+
 def serve(
-    m: AdapterCacheManager,
+    m: ServingContext,
     eng: EngineState,
     adapter: AdapterVersion,
-    start: Tier,
+    start: ResidencyTier,
     waited_s: float,
     predicted_s: float,
-) -> Decision:
+) -> AdapterDecision:
     entry = eng.cache.entries[adapter.engine_name]
     entry.in_flight += 1
-    decision = Decision(
+    decision = AdapterDecision(
         Action.SERVE,
         adapter.engine_name,
         eng.spec.url,
@@ -45,19 +77,19 @@ def serve(
 
 
 def not_now(
-    m: AdapterCacheManager,
+    m: ServingContext,
     eng: EngineState,
     adapter: AdapterVersion,
-    start: Tier,
+    start: ResidencyTier,
     klass: RequestClassBudget,
     reason: str,
     retry_s: float | None,
-) -> Decision:
+) -> AdapterDecision:
     allowed = m.config.tenant(adapter.tenant_id).allow_base_fallback
     fallback = klass.on_over_budget == "fallback" and allowed
     action = Action.FALLBACK if fallback else Action.REJECT
     m.metrics.fallback(adapter.adapter_id, action.value, reason, m.is_protected(adapter))
-    decision = Decision(
+    decision = AdapterDecision(
         action,
         eng.spec.served_model_name if fallback else "",
         eng.spec.url,
@@ -72,10 +104,10 @@ def not_now(
 
 
 def _finish(
-    m: AdapterCacheManager,
+    m: ServingContext,
     eng: EngineState,
     entry: Entry,
-    decision: Decision,
+    decision: AdapterDecision,
     ttft_s: float | None,
     ok: bool,
     served: str | None,
@@ -102,7 +134,7 @@ def _finish(
 
 
 def _finish_fallback(
-    m: AdapterCacheManager, adapter: AdapterVersion, decision: Decision, ttft_s: float | None
+    m: ServingContext, adapter: AdapterVersion, decision: AdapterDecision, ttft_s: float | None
 ) -> None:
     if ttft_s is not None and decision.action is Action.FALLBACK:
         m.metrics.ttft(
@@ -113,3 +145,19 @@ def _finish_fallback(
             ttft_s,
             m.is_protected(adapter),
         )
+
+
+async def retire(m: ServingContext, eng: EngineState, entry: Entry) -> None:
+    """Unload a superseded version once unused; drop a disabled one's files as well."""
+    adapter = entry.adapter
+    if m.resolver.is_current(adapter.adapter_id, adapter.version):
+        return
+    if eng.cache.entries.get(entry.name) is not entry or eng.cache.is_protected(entry, m.clock()):
+        return
+    known = m.resolver.version(adapter.adapter_id, adapter.version)
+    if known is None or known.status is Status.DISABLED:
+        eng.cache.drop(entry.name)
+        await m.loader.drop(eng, entry, "disabled", pinned=False)
+    elif entry.state is State.HOT:
+        eng.cache.set_state(entry.name, State.WARM)
+        await m.loader.demote(eng, entry.name, "superseded")

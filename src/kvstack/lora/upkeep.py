@@ -24,7 +24,8 @@ from kvstack.errors import LoRAError, VerificationError
 from kvstack.log import IncidentLogger
 from kvstack.lora.adapters import AdapterVersion, Status
 from kvstack.lora.loader import MARKER_SUFFIX, EngineState, remove_warm_copy
-from kvstack.lora.residency import Entry, State, Tier
+from kvstack.lora.residency import ResidencyTier, State
+from kvstack.lora.serving import retire
 
 if TYPE_CHECKING:
     from kvstack.lora.manager import AdapterCacheManager
@@ -34,7 +35,6 @@ __all__ = [
     "Upkeep",
     "adopt_warm_dir",
     "reconcile",
-    "retire",
     "run_warmups",
     "sweep",
     "sync_releases",
@@ -167,22 +167,6 @@ def _marked_adapter(m: AdapterCacheManager, path: Path) -> AdapterVersion | None
     return adapter if path.name.startswith(f"{adapter.engine_name}-") else None
 
 
-async def retire(m: AdapterCacheManager, eng: EngineState, entry: Entry) -> None:
-    """Unload a superseded version once unused; drop a disabled one's files as well."""
-    adapter = entry.adapter
-    if m.resolver.is_current(adapter.adapter_id, adapter.version):
-        return
-    if eng.cache.entries.get(entry.name) is not entry or eng.cache.is_protected(entry, m.clock()):
-        return
-    known = m.resolver.version(adapter.adapter_id, adapter.version)
-    if known is None or known.status is Status.DISABLED:
-        eng.cache.drop(entry.name)
-        await m.loader.drop(eng, entry, "disabled", pinned=False)
-    elif entry.state is State.HOT:
-        eng.cache.set_state(entry.name, State.WARM)
-        await m.loader.demote(eng, entry.name, "superseded")
-
-
 async def sweep(m: AdapterCacheManager, eng: EngineState) -> list[tuple[str, str]]:
     """One demotion step per matching entry; returns (name, rule or reason) for each."""
     done: list[tuple[str, str]] = []
@@ -246,7 +230,7 @@ def run_warmups(m: AdapterCacheManager) -> list[tuple[str, str]]:
             for eng in _engines_for(m, adapter):
                 rank = m.home_rank(eng.spec.url, adapter)
                 if rule(m.facts.of(adapter, None, eng.stats, now, rank).as_fields()):
-                    m.prewarm_on(eng, adapter, to=Tier.WARM)
+                    m.prewarm_on(eng, adapter, to=ResidencyTier.WARM)
                     started.append((eng.spec.url, adapter.engine_name))
     return started
 
@@ -267,7 +251,7 @@ def _engines_for(m: AdapterCacheManager, adapter: AdapterVersion) -> list[Engine
 
 
 def _hot_or_loading(eng: EngineState, name: str) -> bool:
-    return eng.cache.residency(name) is Tier.HOT or name in eng.loads
+    return eng.cache.residency(name) is ResidencyTier.HOT or name in eng.loads
 
 
 def _prefer_stable_hot(
@@ -278,7 +262,7 @@ def _prefer_stable_hot(
     return sorted(
         engines,
         key=lambda e: (
-            e.cache.residency(stable) is not Tier.HOT,
+            e.cache.residency(stable) is not ResidencyTier.HOT,
             -e.cache.free_hot_slots(),
             e.spec.url,
         ),

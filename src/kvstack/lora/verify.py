@@ -19,7 +19,7 @@ from urllib.parse import unquote, urlparse
 from kvstack.errors import VerificationError
 from kvstack.lora.adapters import AdapterVersion
 from kvstack.lora.basemodel import BaseModelDims
-from kvstack.lora.config import EngineSpec, LoRAConfig
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig
 from kvstack.lora.manifest import ADAPTER_FILES, Manifest
 from kvstack.lora.peft_format import AdapterInfo, inspect_adapter
 from kvstack.lora.signing import TrustedKeys
@@ -99,7 +99,9 @@ class Verifier:
 
     # -- before a load --------------------------------------------------------------------
 
-    def verify_for_engine(self, path: Path, adapter: AdapterVersion, engine: EngineSpec) -> None:
+    def verify_for_engine(
+        self, path: Path, adapter: AdapterVersion, engine: AdapterEngineSpec
+    ) -> None:
         """Full check of a fetched artifact for one engine; raises on the first failure."""
         check_files(path, allow_ignored=False)
         manifest = Manifest.of_dir(path)
@@ -117,7 +119,7 @@ class Verifier:
         ):
             raise VerificationError("registry_mismatch", "rank or target modules differ")
 
-    def check_compatible(self, adapter: AdapterVersion, engine: EngineSpec) -> None:
+    def check_compatible(self, adapter: AdapterVersion, engine: AdapterEngineSpec) -> None:
         if adapter.base_model != engine.base_model:
             raise VerificationError(
                 "base_model_mismatch",

@@ -41,12 +41,12 @@ from kvstack.router.request import RoutingRequest, encode_body
 
 if TYPE_CHECKING:
     from kvstack.lora.control import LoRAControl
-    from kvstack.lora.decision import Decision
-    from kvstack.lora.resolver import Resolution
+    from kvstack.lora.decision import AdapterDecision
+    from kvstack.lora.resolver import AdapterResolution
 
 __all__ = ["ADAPTER_KEY", "AdapterGate", "served_model"]
 
-ADAPTER_KEY = "lora"  # RoutingRequest.scratch: the request's Resolution
+ADAPTER_KEY = "lora"  # RoutingRequest.scratch: the request's AdapterResolution
 _MODEL_FIELD = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -96,7 +96,7 @@ class AdapterGate:
             )
         return entries
 
-    def _resolution(self, request: RoutingRequest) -> Resolution | None:
+    def _resolution(self, request: RoutingRequest) -> AdapterResolution | None:
         routing_key = request.session_id or request.user or request.tenant
         try:
             resolution = self.control.resolver.resolve(request.target, routing_key)
@@ -115,7 +115,7 @@ class AdapterGate:
         """Whether a client of ``tenant`` (None: no API keys) may use an adapter of ``owner``."""
         return not self.config.tenant_isolation or tenant is None or owner == tenant
 
-    def base_model_name(self, resolution: Resolution) -> str:
+    def base_model_name(self, resolution: AdapterResolution) -> str:
         """The name engines serve the adapter's base model under."""
         for engine in self.control.manager.engines.values():
             if engine.spec.base_model == resolution.base_model:
@@ -133,7 +133,7 @@ class AdapterGate:
     def candidates(
         self, request: RoutingRequest, everyone: Sequence[BackendView]
     ) -> list[BackendView]:
-        resolution: Resolution | None = request.scratch.get(ADAPTER_KEY)
+        resolution: AdapterResolution | None = request.scratch.get(ADAPTER_KEY)
         if resolution is None:
             return list(everyone)
         engines = {_norm(url): e for url, e in self.control.manager.engines.items()}
@@ -154,11 +154,11 @@ class AdapterGate:
 
     async def admit(
         self, request: RoutingRequest, backend: BackendView, body: bytes
-    ) -> tuple[Decision | None, bytes, list[tuple[bytes, bytes]]]:
+    ) -> tuple[AdapterDecision | None, bytes, list[tuple[bytes, bytes]]]:
         """(the manager's decision, the body to send, response headers to add); raises
         RequestError 503 (Retry-After when a retry may pass) when the adapter cannot be served
         there now and the tenant takes no fallback."""
-        resolution: Resolution | None = request.scratch.get(ADAPTER_KEY)
+        resolution: AdapterResolution | None = request.scratch.get(ADAPTER_KEY)
         if resolution is None:
             return None, body, []
         from kvstack.lora.decision import Action
@@ -188,11 +188,13 @@ class AdapterGate:
         rewritten = encode_body({**request.body, "model": decision.model})
         return decision, rewritten, headers
 
-    def hold_for_prefill(self, request: RoutingRequest, backend: BackendView) -> Decision | None:
+    def hold_for_prefill(
+        self, request: RoutingRequest, backend: BackendView
+    ) -> AdapterDecision | None:
         """A hold on the request's adapter for a remote prefill step on ``backend`` when it is
         hot there, else None (a background load starts there); see
         :meth:`kvstack.lora.manager.AdapterCacheManager.hold_for_prefill`."""
-        resolution: Resolution = request.scratch[ADAPTER_KEY]
+        resolution: AdapterResolution = request.scratch[ADAPTER_KEY]
         url = self._engine_url(backend.url)
         return self.control.manager.hold_for_prefill(url, resolution)
 

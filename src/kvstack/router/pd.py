@@ -39,7 +39,7 @@ from kvstack.router.request import RoutingRequest, encode_body
 from kvstack.router.upstream_pool import Deadline
 
 if TYPE_CHECKING:
-    from kvstack.lora.decision import Decision as AdapterDecision
+    from kvstack.lora.decision import AdapterDecision
     from kvstack.router.adapters import AdapterGate
 
 __all__ = ["PrefillOutcome", "PrefillStep"]

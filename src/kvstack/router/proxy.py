@@ -32,7 +32,7 @@ from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream_pool import Deadline, UpstreamPool
 
 if TYPE_CHECKING:
-    from kvstack.lora.decision import Decision as AdapterDecision
+    from kvstack.lora.decision import AdapterDecision
 
 __all__ = ["PATHS", "Proxy", "observers_of"]
 

@@ -1,16 +1,16 @@
 """``kvstack bench lora``: the adapter-cache benchmark, weighted hotness against LRU.
 
-    python -m kvstack.lora.bench [--mode both] [--adapters 1000] [--requests 8000] ...
+    python -m kvstack.bench.lora.cli [--mode both] [--adapters 1000] [--requests 8000] ...
 
 Two modes, each running both arms (``--policies``) at equal memory: ``--gpu-slots`` hot and
 ``--host-slots`` warm adapters per engine, the same arrivals (the ``lora-zipf`` workload of
-:mod:`kvstack.lora.bench_workload`), the same engine and store timing.
+:mod:`kvstack.bench.workloads.lora_zipf`), the same engine and store timing.
 
 - ``sim``: the full manager drives simulated engines (``kvstack sim-engine`` in a child
   process) over HTTP. The arms run side by side in one event loop, so whatever else loads the
   machine loads both alike (``--sequential`` runs them one after the other). Half way through,
   ``--rollout`` popular adapters publish version 2 while requests are in flight.
-- ``des``: the manager's cache core in virtual time (:mod:`kvstack.lora.bench_des`), long
+- ``des``: the manager's cache core in virtual time (:mod:`kvstack.bench.lora.des`), long
   enough for the caches to reach their steady state.
 
 The weighted arm uses the hot score and never-evict rules (canary, and platinum on its
@@ -31,11 +31,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from kvstack.lora.bench_des import DesTiming, run_des
-from kvstack.lora.bench_report import summarise, write_report
-from kvstack.lora.bench_run import ArmResult, ArmSetup, run_arm
-from kvstack.lora.bench_setup import ModelledStore, bench_config, register_all, sim_fleet
-from kvstack.lora.bench_workload import BenchAdapter, make_adapters, make_arrivals
+from kvstack.bench.lora.des import DesTiming, run_des
+from kvstack.bench.lora.report import summarise, write_report
+from kvstack.bench.lora.run_sim import ArmResult, ArmSetup, run_arm
+from kvstack.bench.lora.setup import ModelledStore, bench_config, register_all, sim_fleet
+from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, make_adapters, make_arrivals
 from kvstack.lora.config import AdapterCachePolicy, LoRAConfig, ScheduledWarmup, TenantPolicy
 
 __all__ = ["run"]
@@ -134,7 +134,10 @@ def _run(args: argparse.Namespace, root: Path) -> int:
 
 
 def _des(
-    args: argparse.Namespace, config: LoRAConfig, adapters: list[BenchAdapter], policies: list[str]
+    args: argparse.Namespace,
+    config: LoRAConfig,
+    adapters: list[LoRAZipfAdapter],
+    policies: list[str],
 ) -> dict[str, Any]:
     arrivals = make_arrivals(adapters, args.des_requests, args.rate, args.interactive_fraction)
     timing = DesTiming(args.engine_load_s, args.store_latency_s, args.store_mbps * 1e6)
@@ -164,7 +167,7 @@ def _des(
 def _sim(
     args: argparse.Namespace,
     config: LoRAConfig,
-    adapters: list[BenchAdapter],
+    adapters: list[LoRAZipfAdapter],
     policies: list[str],
     root: Path,
 ) -> dict[str, Any]:

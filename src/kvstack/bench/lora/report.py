@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from kvstack.lora.bench_run import ArmResult, RequestRecord
+from kvstack.bench.lora.run_sim import ArmResult, RequestRecord
 
 __all__ = ["summarise", "write_report"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstack.lora.bench import run
+from kvstack.bench.lora.cli import run
 
 
 def _check(arms: dict[str, dict[str, object]]) -> None:

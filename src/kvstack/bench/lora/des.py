@@ -20,16 +20,16 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kvstack.bench.lora.run_sim import ArmResult, RequestRecord
+from kvstack.bench.lora.setup import BYTES_PER_RANK
+from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, LoRAZipfArrival
 from kvstack.lora.adapters import AdapterVersion, Release, Status
 from kvstack.lora.affinity import affinity_scores, pick_engine, rendezvous_order
-from kvstack.lora.bench_run import ArmResult, RequestRecord
-from kvstack.lora.bench_setup import BYTES_PER_RANK
-from kvstack.lora.bench_workload import Arrival, BenchAdapter
 from kvstack.lora.config import LoRAConfig
-from kvstack.lora.facts import FactsBuilder
+from kvstack.lora.facts_builder import FactsBuilder
 from kvstack.lora.policy import make_policy
 from kvstack.lora.predict import LoadTimePredictor, reload_estimate
-from kvstack.lora.residency import EngineCache, Entry, State, Tier
+from kvstack.lora.residency import EngineCache, Entry, ResidencyTier, State
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.rules import CacheRules
 from kvstack.lora.stats import StatsTable
@@ -50,10 +50,10 @@ class DesTiming:
 
 @dataclass
 class _Req:
-    arrival: Arrival
+    arrival: LoRAZipfArrival
     adapter: AdapterVersion
     tier: str
-    start: Tier = Tier.COLD
+    start: ResidencyTier = ResidencyTier.COLD
     after_warmup: bool = False
 
 
@@ -72,7 +72,7 @@ class _Des:
     def __init__(
         self,
         config: LoRAConfig,
-        adapters: list[BenchAdapter],
+        adapters: list[LoRAZipfAdapter],
         engines: int,
         timing: DesTiming,
         slack: int,
@@ -121,7 +121,9 @@ class _Des:
     def at(self, t: float, fn: Callable[[], None]) -> None:
         heapq.heappush(self.events, (t, next(self._seq), fn))
 
-    def run(self, arrivals: list[Arrival], adapters: list[BenchAdapter], warmup: int) -> None:
+    def run(
+        self, arrivals: list[LoRAZipfArrival], adapters: list[LoRAZipfAdapter], warmup: int
+    ) -> None:
         self._scheduled_warmups()
         for i, arrival in enumerate(arrivals):
             req = _Req(arrival, self.versions[arrival.adapter], adapters[arrival.adapter].tier)
@@ -143,7 +145,10 @@ class _Des:
                 for v in self.versions:
                     rank = self.home_rank(eng.url, v.engine_name)
                     fields = self.facts.of(v, None, eng.stats, 0.0, rank).as_fields()
-                    if not rule(fields) or eng.cache.residency(v.engine_name) is not Tier.COLD:
+                    if (
+                        not rule(fields)
+                        or eng.cache.residency(v.engine_name) is not ResidencyTier.COLD
+                    ):
                         continue
                     if eng.cache.begin_materialise(v, v.engine_name, 0.0) is not None:
                         eng.cache.set_state(v.engine_name, State.WARM)
@@ -162,7 +167,7 @@ class _Des:
         req.start = eng.cache.residency(name)
         if name in eng.joiners:
             eng.joiners[name].append(req)
-        elif req.start is Tier.HOT:
+        elif req.start is ResidencyTier.HOT:
             self.serve(eng, req)
         else:
             eng.joiners[name] = [req]
@@ -206,7 +211,7 @@ class _Des:
     # -- loads ----------------------------------------------------------------------------
 
     def _load(self, eng: _Engine, v: AdapterVersion) -> None:
-        if eng.cache.residency(v.engine_name) is Tier.COLD:
+        if eng.cache.residency(v.engine_name) is ResidencyTier.COLD:
             self._until(eng, v.engine_name, lambda: self._try_materialise(eng, v))
         else:
             self._until(eng, v.engine_name, lambda: self._try_hot(eng, v))
@@ -266,7 +271,7 @@ class _Des:
         return self.engines[self.urls.index(url)]
 
 
-def _version(a: BenchAdapter) -> AdapterVersion:
+def _version(a: LoRAZipfAdapter) -> AdapterVersion:
     return AdapterVersion(
         adapter_id=a.adapter_id,
         version="1",
@@ -285,8 +290,8 @@ def _version(a: BenchAdapter) -> AdapterVersion:
 
 def run_des(
     config: LoRAConfig,
-    adapters: list[BenchAdapter],
-    arrivals: list[Arrival],
+    adapters: list[LoRAZipfAdapter],
+    arrivals: list[LoRAZipfArrival],
     engines: int,
     warmup: int,
     timing: DesTiming,

@@ -26,7 +26,7 @@ from kvstack.lora.manifest import Manifest
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.store import ArtifactRef, ArtifactStore, parse_digest
 
-__all__ = ["BASE_DIMS", "CountingDriver", "ModelledStore", "SimFleet", "write_adapter"]
+__all__ = ["BASE_DIMS", "CountingDriver", "LoRABenchFleet", "ModelledStore", "write_adapter"]
 
 BASE_DIMS = BaseModelDims("bench-base", 64, 128, 2, 2, 2, 32)
 BYTES_PER_RANK = 851_968  # q_proj + v_proj of Llama-3-8B, fp16: 32 x (8192 + 5120) x 2 bytes
@@ -146,12 +146,12 @@ def register_all(
 
 
 @dataclass
-class SimFleet:
+class LoRABenchFleet:
     urls: list[str]
 
 
 @contextmanager
-def sim_fleet(num_engines: int, args: list[str], log_path: Path) -> Iterator[SimFleet]:
+def sim_fleet(num_engines: int, args: list[str], log_path: Path) -> Iterator[LoRABenchFleet]:
     """``kvstack sim-engine --fleet N`` in a child process (its own core), on free ports."""
     from kvstack.stack.procs import ManagedProcess
 
@@ -173,7 +173,7 @@ def sim_fleet(num_engines: int, args: list[str], log_path: Path) -> Iterator[Sim
     try:
         for url in urls:
             proc.wait_healthy(f"{url}/health", 60)
-        yield SimFleet(urls)
+        yield LoRABenchFleet(urls)
     finally:
         proc.stop()
 

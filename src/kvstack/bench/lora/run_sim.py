@@ -17,11 +17,11 @@ from typing import Any
 
 import aiohttp
 
+from kvstack.bench.lora.setup import CountingDriver, ModelledStore
+from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, LoRAZipfArrival
 from kvstack.lora.affinity import pick_engine
-from kvstack.lora.bench_setup import CountingDriver, ModelledStore
-from kvstack.lora.bench_workload import Arrival, BenchAdapter
-from kvstack.lora.config import EngineSpec, LoRAConfig
-from kvstack.lora.decision import Action, Decision
+from kvstack.lora.config import AdapterEngineSpec, LoRAConfig
+from kvstack.lora.decision import Action, AdapterDecision
 from kvstack.lora.driver import HTTPEngineDriver
 from kvstack.lora.manager import AdapterCacheManager
 from kvstack.lora.plane import ControlPlane
@@ -72,9 +72,11 @@ def _clock(scale: float) -> Any:
     return lambda: (time.monotonic() - t0) * scale
 
 
-async def run_arm(s: ArmSetup, adapters: list[BenchAdapter], arrivals: list[Arrival]) -> ArmResult:
+async def run_arm(
+    s: ArmSetup, adapters: list[LoRAZipfAdapter], arrivals: list[LoRAZipfArrival]
+) -> ArmResult:
     engines = [
-        EngineSpec(
+        AdapterEngineSpec(
             url=u,
             base_model="bench-base",
             served_model_name="base",
@@ -126,7 +128,7 @@ class _Bench:
         s: ArmSetup,
         manager: AdapterCacheManager,
         http: aiohttp.ClientSession,
-        adapters: list[BenchAdapter],
+        adapters: list[LoRAZipfAdapter],
         result: ArmResult,
     ) -> None:
         self.s, self.m, self.http, self.adapters, self.result = s, manager, http, adapters, result
@@ -135,7 +137,7 @@ class _Bench:
         self.loads_at_warmup = 0
         self.warm = False
 
-    async def drive(self, arrivals: list[Arrival]) -> None:
+    async def drive(self, arrivals: list[LoRAZipfArrival]) -> None:
         t0, tasks = time.monotonic(), []
         warmup_at, rollout_at = int(len(arrivals) * self.s.warmup_fraction), len(arrivals) // 2
         for i, arrival in enumerate(arrivals):
@@ -160,7 +162,7 @@ class _Bench:
         await self.m.resolver.refresh_async()
         sync_releases(self.m)
 
-    async def one(self, arrival: Arrival, warm: bool) -> None:
+    async def one(self, arrival: LoRAZipfArrival, warm: bool) -> None:
         """One request; ``warm``: it arrived after the warmup (whenever its task first runs)."""
         adapter = self.adapters[arrival.adapter]
         resolution = self.m.resolver.resolve(adapter.adapter_id, f"user-{arrival.user}")
@@ -194,7 +196,7 @@ class _Bench:
         return pick_engine(scores, self.in_flight, self.s.slack)
 
     async def _stream(
-        self, d: Decision, interactive: bool, started: float
+        self, d: AdapterDecision, interactive: bool, started: float
     ) -> tuple[float | None, str | None]:
         if d.action is Action.REJECT:
             return None, None
