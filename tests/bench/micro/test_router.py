@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from kvstack.bench.micro.router import run
 from kvstack.bench.micro.router_harness import _parse_wrk
-from kvstack.bench.micro.router_loadgen import percentile
+from kvstack.bench.micro.router_loadgen import LoadResult
 
 pytestmark = pytest.mark.slow
 
@@ -39,4 +40,8 @@ Requests/sec:   2400.50
     result = _parse_wrk(text)
     assert (result.req_per_s, result.errors) == (2400.5, 3)
     assert result.p50_ms == pytest.approx(0.812) and result.p99_ms == pytest.approx(4.21)
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and percentile([5.0], 99) == 5.0
+    # The load generator's percentiles are bench.load.stats.percentile's (linear interpolation).
+    four = LoadResult("closed", 1.0, latencies_ms=[4.0, 1.0, 3.0, 2.0])
+    assert four.latency_ms(50) == 2.5 and four.summary()["p99_ms"] == pytest.approx(3.97)
+    assert LoadResult("closed", 1.0, latencies_ms=[5.0]).latency_ms(99) == 5.0
+    assert math.isnan(LoadResult("closed", 1.0).summary()["p50_ms"])

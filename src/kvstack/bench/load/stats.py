@@ -12,9 +12,10 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvstack.bench.load.client import RequestResult
+if TYPE_CHECKING:  # annotations only: the lean router load generator imports `percentile`
+    from kvstack.bench.load.client import RequestResult
 
 __all__ = ["SLO", "GroupSummary", "Percentiles", "RunSummary", "percentile", "summarize"]
 
@@ -34,7 +35,11 @@ class SLO:
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (numpy's default); None for no values."""
+    """The ``q``-th percentile (0-100) of ``values``, linearly interpolated between the two
+    nearest ranks (numpy's default, as ``vllm bench serve`` reports); None for no values.
+
+    Every benchmark's percentiles come from here, so figures from different benchmarks are
+    computed alike."""
     if not values:
         return None
     ordered = sorted(values)

@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import httpx
 import msgspec
 import numpy as np
 
+from kvstack.bench.load.stats import percentile
 from kvstack.index.client import IndexClient, lookup_request
 from kvstack.index.protocol import EventBatch, EventReply, KeyProfile, LookupReply, TierInfo
 from kvstack.index.state import IndexState
@@ -110,9 +110,10 @@ def check(reply: LookupReply) -> None:
 
 
 def _percentiles(samples_ms: list[float], prefix: str = "") -> dict[str, float]:
-    ordered = sorted(samples_ms)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return {f"{prefix}p50_ms": statistics.median(ordered), f"{prefix}p99_ms": p99}
+    p50, p99 = percentile(samples_ms, 50), percentile(samples_ms, 99)
+    if p50 is None or p99 is None:
+        raise ValueError("no lookup was timed")
+    return {f"{prefix}p50_ms": p50, f"{prefix}p99_ms": p99}
 
 
 def timed(lookups: int, call: Callable[[], LookupReply]) -> dict[str, float]:

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvstack.bench.load.stats import percentile
 from kvstack.index.radix import Namespace, Owner, RadixIndex
 
 __all__ = ["RadixBenchResult", "Timing", "build_tree", "run_radix_bench"]
@@ -31,9 +32,12 @@ class Timing:
 
     @classmethod
     def of(cls, samples_s: list[float]) -> Timing:
-        us = sorted(s * 1e6 for s in samples_s)
-        p99 = us[min(len(us) - 1, int(0.99 * len(us)))]
-        return cls(statistics.median(us), p99, statistics.fmean(us))
+        """Percentiles of at least one sample."""
+        us = [s * 1e6 for s in samples_s]
+        p50, p99 = percentile(us, 50), percentile(us, 99)
+        if p50 is None or p99 is None:
+            raise ValueError("a timing needs at least one sample")
+        return cls(p50, p99, statistics.fmean(us))
 
 
 @dataclass(frozen=True, slots=True)

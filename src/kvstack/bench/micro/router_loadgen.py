@@ -23,7 +23,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["LoadResult", "closed_loop", "open_loop", "percentile"]
+from kvstack.bench.load.stats import percentile
+
+__all__ = ["LoadResult", "closed_loop", "open_loop"]
 
 DEFAULT_BODY = b'{"model": "fast-model", "prompt": "hello world", "max_tokens": 1}'
 
@@ -42,23 +44,20 @@ class LoadResult:
         return self.num_ok / self.duration_s if self.duration_s else 0.0
 
     def summary(self) -> dict[str, float]:
-        lat = sorted(self.latencies_ms)
         return {
             "req_per_s": round(self.rate, 1),
             "ok": self.num_ok,
             "errors": self.num_errors,
-            "p50_ms": round(percentile(lat, 50), 3),
-            "p90_ms": round(percentile(lat, 90), 3),
-            "p99_ms": round(percentile(lat, 99), 3),
+            "p50_ms": self.latency_ms(50),
+            "p90_ms": self.latency_ms(90),
+            "p99_ms": self.latency_ms(99),
             "max_lag_ms": round(self.max_lag_ms, 3),
         }
 
-
-def percentile(sorted_values: list[float], pct: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, max(0, round(pct / 100 * len(sorted_values)) - 1))
-    return sorted_values[index]
+    def latency_ms(self, q: float) -> float:
+        """The ``q``-th latency percentile in ms, rounded to µs; NaN without a success."""
+        value = percentile(self.latencies_ms, q)
+        return float("nan") if value is None else round(value, 3)
 
 
 class _Connection(asyncio.Protocol):
