@@ -31,9 +31,9 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from kvstack.bench.compare.ports import free_port
 from kvstack.bench.micro.router_harness import (
     cpu_seconds,
-    free_port,
     run_open_loop,
     run_throughput,
     start_kvstack_router,

@@ -12,18 +12,17 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvstack.bench.compare.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = [
     "ThroughputResult",
     "cpu_seconds",
-    "free_port",
     "run_open_loop",
     "run_throughput",
     "start_kvstack_router",
@@ -36,12 +35,6 @@ _POST_LUA = """wrk.method = "POST"
 wrk.body = '{"model": "fast-model", "prompt": "hello world", "max_tokens": 1}'
 wrk.headers["Content-Type"] = "application/json"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def vllm_router_binary() -> str | None:
