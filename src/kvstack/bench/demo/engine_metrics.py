@@ -19,6 +19,9 @@ _NAMES = {
 
 @dataclass(frozen=True)
 class EngineCacheCounters:
+    """Prompt-token prefix-cache counters summed over engines: looked up, found in the engine's
+    own cache, loaded through a connector."""
+
     queries: float = 0.0
     local_hits: float = 0.0
     external_hits: float = 0.0
@@ -31,6 +34,7 @@ class EngineCacheCounters:
 
 
 def cache_counters(urls: Sequence[str]) -> EngineCacheCounters:
+    """The counters of every engine in ``urls``, summed (a blocking scrape of each)."""
     totals = dict.fromkeys(_NAMES.values(), 0.0)
     for url in urls:
         with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:

@@ -11,6 +11,8 @@ __all__ = ["DemoRow", "plot", "print_table"]
 
 @dataclass
 class DemoRow:
+    """One workload in one mode: a row of the table, two bars of the plot, one JSON object."""
+
     workload: str
     mode: str  # off | on
     requests: int
