@@ -18,7 +18,10 @@ __all__ = ["main"]
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kvstack.bench.cli", "benchmarks: kv, serve, compare, vllm, router, index"),
-    "plan": ("kvstack.bench.plan", "decide whether KV tiers pay off for a workload and hardware"),
+    "plan": (
+        "kvstack.bench.plan.cli",
+        "decide whether KV tiers pay off for a workload and hardware",
+    ),
     "sim-engine": ("kvstack.sim.cli", "run a simulated vLLM-compatible engine"),
     "router": ("kvstack.router.cli", "run the OpenAI-compatible router"),
     "index-server": ("kvstack.index.cli", "run the cluster KV index service"),
@@ -26,7 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "adapters": ("kvstack.lora.cli", "manage the LoRA adapter registry"),
     "up": ("kvstack.stack.cli", "start a local stack from a config file"),
     "down": ("kvstack.stack.cli", "stop a running local stack"),
-    "demo": ("kvstack.stack.cli", "run the end-to-end demo (cache off vs on)"),
+    "demo": ("kvstack.bench.demo.cli", "run the end-to-end demo (cache off vs on)"),
     "deploy": ("kvstack.deploy.cli", "render the Helm chart for review"),
     "config": ("kvstack.config_cli", "print the effective configuration or its reference"),
 }

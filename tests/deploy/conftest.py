@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvstack.deploy.chart import Manifest
+from kvstack.deploy.chart import ChartManifest
 from tests.deploy.rendered import VALUE_SETS, rendered
 
 
@@ -14,5 +14,5 @@ def values_set(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def manifests(values_set: str) -> tuple[Manifest, ...]:
+def manifests(values_set: str) -> tuple[ChartManifest, ...]:
     return rendered(values_set)

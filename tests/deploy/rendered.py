@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from kvstack.deploy.chart import CHART_DIR, Manifest, load_values, render_chart
+from kvstack.deploy.chart import CHART_DIR, ChartManifest, load_values, render_chart
 
 REPO = CHART_DIR.parents[2]
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
@@ -39,19 +39,23 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
 
 
 @functools.cache
-def rendered(name: str) -> tuple[Manifest, ...]:
+def rendered(name: str) -> tuple[ChartManifest, ...]:
     return tuple(render_chart(VALUE_SETS[name], release=RELEASE, namespace=NAMESPACE))
 
 
-def render(values: dict[str, Any]) -> list[Manifest]:
+def render(values: dict[str, Any]) -> list[ChartManifest]:
     return render_chart(values, release=RELEASE, namespace=NAMESPACE)
 
 
-def of_kind(manifests: tuple[Manifest, ...] | list[Manifest], kind: str) -> list[dict[str, Any]]:
+def of_kind(
+    manifests: tuple[ChartManifest, ...] | list[ChartManifest], kind: str
+) -> list[dict[str, Any]]:
     return [m.doc for m in manifests if m.kind == kind]
 
 
-def engine_deployments(manifests: tuple[Manifest, ...] | list[Manifest]) -> list[dict[str, Any]]:
+def engine_deployments(
+    manifests: tuple[ChartManifest, ...] | list[ChartManifest],
+) -> list[dict[str, Any]]:
     return [
         d for d in of_kind(manifests, "Deployment")
         if d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")

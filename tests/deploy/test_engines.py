@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kvstack.config import load_config, load_section
-from kvstack.deploy.chart import Manifest
+from kvstack.deploy.chart import ChartManifest
 from kvstack.index.config import IndexConfig
 from kvstack.integrations.settings import split_extra_config
 from kvstack.kv.remote.redis_url import parse_redis_url
@@ -61,7 +61,7 @@ def transfer_config(deployment: dict[str, Any]) -> dict[str, Any] | None:
     return None if raw is None else dict(json.loads(raw))
 
 
-def kv_engines(manifests: tuple[Manifest, ...]) -> list[dict[str, Any]]:
+def kv_engines(manifests: tuple[ChartManifest, ...]) -> list[dict[str, Any]]:
     return [d for d in engine_deployments(manifests) if transfer_config(d) is not None]
 
 
@@ -78,7 +78,9 @@ def test_some_values_sets_enable_the_connector() -> None:
     assert kv_engines(rendered("defaults")) and kv_engines(rendered("all-features"))
 
 
-def test_connector_config_has_the_shape_kvstack_builds(manifests: tuple[Manifest, ...]) -> None:
+def test_connector_config_has_the_shape_kvstack_builds(
+    manifests: tuple[ChartManifest, ...],
+) -> None:
     for d in kv_engines(manifests):
         config = transfer_config(d)
         assert config is not None
@@ -103,7 +105,7 @@ def test_the_connector_class_is_exported_where_the_config_points() -> None:
 
 
 def test_connector_settings_and_kv_section_validate(
-    manifests: tuple[Manifest, ...], monkeypatch: pytest.MonkeyPatch
+    manifests: tuple[ChartManifest, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for d in kv_engines(manifests):
         env = pod_env(d)
@@ -116,7 +118,7 @@ def test_connector_settings_and_kv_section_validate(
 
 
 def test_every_tier_url_is_accepted_by_its_tier(
-    manifests: tuple[Manifest, ...], monkeypatch: pytest.MonkeyPatch
+    manifests: tuple[ChartManifest, ...], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("KVSTACK_REDIS_PASSWORD", "placeholder")
     for d in kv_engines(manifests):
@@ -143,7 +145,7 @@ def check_tier(url: Any, env: dict[str, str]) -> None:
         assert set(url.params) == {"index", "self"}
 
 
-def test_disk_tier_lives_on_a_mounted_volume(manifests: tuple[Manifest, ...]) -> None:
+def test_disk_tier_lives_on_a_mounted_volume(manifests: tuple[ChartManifest, ...]) -> None:
     for d in kv_engines(manifests):
         tiers = transfer_config(d)["kv_connector_extra_config"]["tiers"]  # type: ignore[index]
         mounts = {m["mountPath"] for m in container(d)["volumeMounts"]}
@@ -152,7 +154,7 @@ def test_disk_tier_lives_on_a_mounted_volume(manifests: tuple[Manifest, ...]) ->
                 assert parse_tier_url(tier).path in mounts
 
 
-def test_engines_are_named_as_the_router_knows_them(manifests: tuple[Manifest, ...]) -> None:
+def test_engines_are_named_as_the_router_knows_them(manifests: tuple[ChartManifest, ...]) -> None:
     """vLLM's engine_id (the announced instance id), the peer tier's ``self`` and the announce
     setting are one name: the host:port the router's pod discovery gives the backend."""
     config_maps = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c["data"]]
@@ -182,7 +184,7 @@ def running_pod(deployment: dict[str, Any]) -> Any:
 
 
 def test_index_settings_validate_and_point_at_the_index_service(
-    manifests: tuple[Manifest, ...],
+    manifests: tuple[ChartManifest, ...],
 ) -> None:
     services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
     for d in kv_engines(manifests):
@@ -210,7 +212,7 @@ def _tiers(deployment: dict[str, Any]) -> list[str]:
     return [] if config is None else list(config["kv_connector_extra_config"]["tiers"])
 
 
-def test_kv_role_follows_the_pod_role(manifests: tuple[Manifest, ...]) -> None:
+def test_kv_role_follows_the_pod_role(manifests: tuple[ChartManifest, ...]) -> None:
     for d in kv_engines(manifests):
         role = d["spec"]["template"]["metadata"]["labels"]["kvstack.io/role"]
         assert transfer_config(d)["kv_role"] == ROLES[role]  # type: ignore[index]
@@ -224,7 +226,7 @@ def test_pd_example_has_both_roles() -> None:
     assert roles == {"prefill", "decode"}
 
 
-def test_kv_events_use_the_router_key_space(manifests: tuple[Manifest, ...]) -> None:
+def test_kv_events_use_the_router_key_space(manifests: tuple[ChartManifest, ...]) -> None:
     for d in engine_deployments(manifests):
         args, c = container(d)["args"], container(d)
         raw = flag(args, "--kv-events-config")
@@ -238,7 +240,7 @@ def test_kv_events_use_the_router_key_space(manifests: tuple[Manifest, ...]) -> 
         assert flag(args, "--prefix-caching-hash-algo") == "sha256_cbor"
 
 
-def test_lora_runtime_updates_only_with_lora(manifests: tuple[Manifest, ...]) -> None:
+def test_lora_runtime_updates_only_with_lora(manifests: tuple[ChartManifest, ...]) -> None:
     for d in engine_deployments(manifests):
         c = container(d)
         runtime = [v for v in c.get("env", []) if v["name"] == "VLLM_ALLOW_RUNTIME_LORA_UPDATING"]
@@ -247,7 +249,7 @@ def test_lora_runtime_updates_only_with_lora(manifests: tuple[Manifest, ...]) ->
             assert flag(c["args"], "--max-loras") and flag(c["args"], "--max-cpu-loras")
 
 
-def test_gpu_requests_match_tensor_parallel_size(manifests: tuple[Manifest, ...]) -> None:
+def test_gpu_requests_match_tensor_parallel_size(manifests: tuple[ChartManifest, ...]) -> None:
     for d in engine_deployments(manifests):
         c = container(d)
         gpus = c["resources"]["limits"].get("nvidia.com/gpu", 0)
@@ -255,7 +257,7 @@ def test_gpu_requests_match_tensor_parallel_size(manifests: tuple[Manifest, ...]
         assert int(flag(c["args"], "--tensor-parallel-size") or 0) == max(1, gpus)
 
 
-def test_probes_leave_headroom_for_model_load(manifests: tuple[Manifest, ...]) -> None:
+def test_probes_leave_headroom_for_model_load(manifests: tuple[ChartManifest, ...]) -> None:
     for d in engine_deployments(manifests):
         startup = container(d)["startupProbe"]
         assert startup["httpGet"]["path"] == "/health"

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvstack.deploy.chart import CHART_DIR, ChartError, Manifest, lint_chart
+from kvstack.deploy.chart import CHART_DIR, ChartError, ChartManifest, lint_chart
 from kvstack.deploy.validate import DEFAULT_KUBE_VERSION, validate_manifests
 from tests.deploy.rendered import VALUE_SETS, container, engine_deployments, of_kind, rendered
 
@@ -37,13 +37,13 @@ KUBE_VERSIONS = sorted(
 
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 def test_manifests_match_kubernetes_schemas(
-    manifests: tuple[Manifest, ...], kube_version: str
+    manifests: tuple[ChartManifest, ...], kube_version: str
 ) -> None:
     assert manifests, "nothing rendered"
     assert validate_manifests(manifests, kube_version) == []
 
 
-def test_every_rendered_object_is_named_and_labelled(manifests: tuple[Manifest, ...]) -> None:
+def test_every_rendered_object_is_named_and_labelled(manifests: tuple[ChartManifest, ...]) -> None:
     names = [(m.kind, m.name) for m in manifests]
     assert len(names) == len(set(names)), "two objects of one kind share a name"
     for m in manifests:
@@ -67,7 +67,7 @@ def _broken(kind: str, edit: Any) -> list[str]:
     manifests = rendered("all-features")
     doc = copy.deepcopy(next(m.doc for m in manifests if m.kind == kind))
     edit(doc)
-    return validate_manifests([Manifest("test", doc)])
+    return validate_manifests([ChartManifest("test", doc)])
 
 
 def test_validation_rejects_an_unknown_field() -> None:
@@ -90,7 +90,7 @@ def test_validation_rejects_an_unknown_podmonitor_field() -> None:
 
 def test_validation_rejects_a_kind_without_schema() -> None:
     doc = {"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}
-    assert validate_manifests([Manifest("test", doc)])
+    assert validate_manifests([ChartManifest("test", doc)])
 
 
 # -- values.schema.json ----------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> No
         rendered_with(values)
 
 
-def rendered_with(values: dict[str, Any]) -> list[Manifest]:
+def rendered_with(values: dict[str, Any]) -> list[ChartManifest]:
     from tests.deploy.rendered import render
 
     return render(values)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from kvstack.config import load_config
-from kvstack.deploy.chart import ChartError, Manifest
+from kvstack.deploy.chart import ChartError, ChartManifest
 from kvstack.deploy.metric_names import parse_metric_list
 from kvstack.deploy.promql import metric_names_in
 from tests.deploy.rendered import (
@@ -31,7 +31,7 @@ def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
     return dict(workload["spec"]["template"]["metadata"]["labels"])
 
 
-def workloads(manifests: tuple[Manifest, ...]) -> list[dict[str, Any]]:
+def workloads(manifests: tuple[ChartManifest, ...]) -> list[dict[str, Any]]:
     return of_kind(manifests, "Deployment") + of_kind(manifests, "StatefulSet")
 
 
@@ -41,7 +41,7 @@ def selects(selector: str, labels: dict[str, str]) -> bool:
     return all(labels.get(key) == value for key, value in pairs)
 
 
-def router_config(manifests: tuple[Manifest, ...]) -> Any:
+def router_config(manifests: tuple[ChartManifest, ...]) -> Any:
     maps = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c.get("data", {})]
     assert len(maps) == 1
     data = yaml.safe_load(maps[0]["data"]["config.yaml"])
@@ -49,7 +49,7 @@ def router_config(manifests: tuple[Manifest, ...]) -> Any:
 
 
 def test_router_config_validates_and_discovers_this_releases_engines(
-    manifests: tuple[Manifest, ...],
+    manifests: tuple[ChartManifest, ...],
 ) -> None:
     kube = router_config(manifests).router.discovery
     assert kube.kind == "kubernetes"
@@ -65,7 +65,9 @@ def test_router_config_validates_and_discovers_this_releases_engines(
         assert kube.kubernetes.role_label in pod_labels(d)
 
 
-def test_router_finds_the_index_and_the_engines_kv_events(manifests: tuple[Manifest, ...]) -> None:
+def test_router_finds_the_index_and_the_engines_kv_events(
+    manifests: tuple[ChartManifest, ...],
+) -> None:
     prefix = router_config(manifests).router.prefix
     services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
     if prefix.index_url:
@@ -80,7 +82,7 @@ def test_router_finds_the_index_and_the_engines_kv_events(manifests: tuple[Manif
 
 
 def test_router_reads_its_config_and_may_list_pods_in_its_namespace_only(
-    manifests: tuple[Manifest, ...],
+    manifests: tuple[ChartManifest, ...],
 ) -> None:
     assert not of_kind(manifests, "ClusterRole") and not of_kind(manifests, "ClusterRoleBinding")
     (router,) = [
@@ -100,12 +102,12 @@ def test_router_reads_its_config_and_may_list_pods_in_its_namespace_only(
     assert args[0] == "router" and flag(args, "--config") == "/etc/kvstack/config.yaml"
 
 
-def test_engines_do_not_mount_kubernetes_credentials(manifests: tuple[Manifest, ...]) -> None:
+def test_engines_do_not_mount_kubernetes_credentials(manifests: tuple[ChartManifest, ...]) -> None:
     for d in engine_deployments(manifests):
         assert d["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-def test_services_select_their_pods(manifests: tuple[Manifest, ...]) -> None:
+def test_services_select_their_pods(manifests: tuple[ChartManifest, ...]) -> None:
     for service in of_kind(manifests, "Service"):
         selector = ",".join(f"{k}={v}" for k, v in service["spec"]["selector"].items())
         matched = [w for w in workloads(manifests) if selects(selector, pod_labels(w))]
@@ -116,7 +118,7 @@ def test_services_select_their_pods(manifests: tuple[Manifest, ...]) -> None:
 
 # -- autoscaling -----------------------------------------------------------------------------------
 def test_keda_scales_engines_on_a_queue_metric_vllm_exports(
-    manifests: tuple[Manifest, ...],
+    manifests: tuple[ChartManifest, ...],
 ) -> None:
     vllm = parse_metric_list(VLLM_LIST.read_text())
     engines = {d["metadata"]["name"]: d for d in engine_deployments(manifests)}
@@ -132,7 +134,7 @@ def test_keda_scales_engines_on_a_queue_metric_vllm_exports(
 
 
 def test_pod_monitor_exports_the_labels_dashboards_filter_on(
-    manifests: tuple[Manifest, ...],
+    manifests: tuple[ChartManifest, ...],
 ) -> None:
     for monitor in of_kind(manifests, "PodMonitor"):
         assert set(monitor["spec"]["podTargetLabels"]) >= {"kvstack.io/engine", "kvstack.io/role"}
@@ -140,7 +142,7 @@ def test_pod_monitor_exports_the_labels_dashboards_filter_on(
             assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels(d).items()
 
 
-def test_router_hpa_targets_the_router(manifests: tuple[Manifest, ...]) -> None:
+def test_router_hpa_targets_the_router(manifests: tuple[ChartManifest, ...]) -> None:
     for hpa in of_kind(manifests, "HorizontalPodAutoscaler"):
         target = hpa["spec"]["scaleTargetRef"]
         assert target["name"].endswith("-router") and target["kind"] == "Deployment"
@@ -149,7 +151,7 @@ def test_router_hpa_targets_the_router(manifests: tuple[Manifest, ...]) -> None:
 
 # -- network policies ------------------------------------------------------------------------------
 def test_only_router_and_prometheus_reach_the_engines_http_port(
-    manifests: tuple[Manifest, ...],
+    manifests: tuple[ChartManifest, ...],
 ) -> None:
     policies = [
         p for p in of_kind(manifests, "NetworkPolicy") if p["metadata"]["name"].endswith("-engine")
@@ -170,7 +172,7 @@ def test_only_router_and_prometheus_reach_the_engines_http_port(
 
 
 # -- secrets ---------------------------------------------------------------------------------------
-def test_secrets_only_come_from_secret_refs(manifests: tuple[Manifest, ...]) -> None:
+def test_secrets_only_come_from_secret_refs(manifests: tuple[ChartManifest, ...]) -> None:
     assert not of_kind(manifests, "Secret")
     for w in workloads(manifests):
         for var in container(w).get("env", []):
@@ -240,7 +242,7 @@ def test_the_router_default_policy_applies_unless_one_is_set() -> None:
     assert gpu["router"]["policy"] == "least_load"
 
 
-def _config_text(manifests: tuple[Manifest, ...]) -> str:
+def _config_text(manifests: tuple[ChartManifest, ...]) -> str:
     (config_map,) = [c for c in of_kind(manifests, "ConfigMap") if "config.yaml" in c["data"]]
     return str(config_map["data"]["config.yaml"])
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kvstack.bench.vllm_probe import reset_prefix_cache
+from kvstack.bench.micro.vllm_probe import reset_prefix_cache
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 from tests.e2e.engines import acomplete, complete, metric_total, start_engine, wait_metric
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvstack.bench.ports import free_port_range
+from kvstack.bench.compare.ports import free_port_range
 from kvstack.index.radix import Namespace, Owner
 from kvstack.router.prefix.state import PrefixState
 from kvstack.sim.config import SimConfig

@@ -10,11 +10,12 @@ from typing import Any
 import msgspec
 import pytest
 
+from kvstack.index import kv_events
 from kvstack.index.radix import Namespace, Owner, RadixIndex
 from kvstack.router.prefix.blocks import BlockTracker, EventFormatError
 from kvstack.router.prefix.events import KVEventBatch, decode_batch
 from kvstack.router.prefix.subscriber import EventStream
-from kvstack.sim import events as sim
+from kvstack.sim.events import KVEventPublisher
 from tests.conftest import free_port
 from tests.router.conftest import until
 
@@ -23,12 +24,12 @@ GPU, CPU = Owner("b", "gpu"), Owner("b", "cpu")
 
 
 def wire(*events: Any) -> KVEventBatch:
-    """Encode with the simulator's structs (vLLM's format) and decode as the router does."""
-    return decode_batch(msgspec.msgpack.encode(sim.KVEventBatch(0.0, list(events))))
+    """Encode as the simulator publishes (vLLM's format) and decode as the router does."""
+    return decode_batch(msgspec.msgpack.encode(kv_events.KVEventBatch(0.0, list(events))))
 
 
 def stored(hashes: list[Any], parent: Any, tokens: list[int], medium: str = "GPU") -> Any:
-    return sim.BlockStored(hashes, parent, tokens, 4, None, medium, None)
+    return kv_events.BlockStored(hashes, parent, tokens, 4, None, medium, None)
 
 
 def tracker(page: int = 4) -> BlockTracker:
@@ -43,7 +44,7 @@ def test_blocks_are_placed_from_tokens_and_parents() -> None:
     prompt = list(range(12))
     assert t.index.match(NS, prompt).tokens(GPU) == 12
     assert t.index.match(NS, [0, 1, 2, 3, 50, 51, 52, 53]).tokens(GPU) == 8
-    t.apply(wire(sim.BlockRemoved([12], "GPU")))  # block 12 and what follows it go
+    t.apply(wire(kv_events.BlockRemoved([12], "GPU")))  # block 12 and what follows it go
     assert t.index.match(NS, prompt).tokens(GPU) == 4
     assert t.index.match(NS, [0, 1, 2, 3, 50, 51, 52, 53]).tokens(GPU) == 8
     t.index.check_integrity()
@@ -55,7 +56,8 @@ def test_kvstack_tiers_and_clears() -> None:
     t.apply(wire(stored([key0, key1], None, list(range(8)), medium="CPU")))
     t.apply(wire(stored([1, 2], None, list(range(8)))))
     assert t.index.match(NS, list(range(8))).matched == {CPU: 8, GPU: 8}
-    t.apply(wire(sim.AllBlocksCleared()))  # the device cache was reset; kvstack's CPU tier wasn't
+    # The device cache was reset; kvstack's CPU tier wasn't.
+    t.apply(wire(kv_events.AllBlocksCleared()))
     assert t.index.match(NS, list(range(8))).matched == {CPU: 8}
     t.index.check_integrity()
 
@@ -70,7 +72,8 @@ def test_format_problems_are_named() -> None:
     with pytest.raises(EventFormatError, match="page size"):
         tracker(page=16).apply(wire(stored([1], None, [1, 2, 3, 4])))
     with pytest.raises(EventFormatError, match="token ids are required"):
-        tracker().apply(wire(sim.BlockStored([1, 2], None, [1, 2, 3, 4], 4, None, "GPU", None)))
+        short_tokens = kv_events.BlockStored([1, 2], None, [1, 2, 3, 4], 4, None, "GPU", None)
+        tracker().apply(wire(short_tokens))
 
 
 class Sink:
@@ -91,16 +94,16 @@ class Sink:
         self.log.append(("invalid", reason))
 
 
-def drop(publisher: sim.KVEventPublisher, events: list[Any]) -> None:
+def drop(publisher: KVEventPublisher, events: list[Any]) -> None:
     """A batch the subscriber never sees (kept for replay), as at a high-water mark."""
-    payload = msgspec.msgpack.encode(sim.KVEventBatch(0.0, events))
+    payload = msgspec.msgpack.encode(kv_events.KVEventBatch(0.0, events))
     publisher._buffer.append((publisher._seq, payload))
     publisher._seq += 1
 
 
 async def test_stream_replays_gaps_and_reports_losses() -> None:
     port, replay = free_port(), free_port()
-    publisher = sim.KVEventPublisher(f"tcp://*:{port}", f"tcp://127.0.0.1:{replay}")
+    publisher = KVEventPublisher(f"tcp://*:{port}", f"tcp://127.0.0.1:{replay}")
     replay_task = asyncio.create_task(publisher.serve_replay())
     sink = Sink()
     stream = EventStream("b", f"tcp://127.0.0.1:{port}", sink, f"tcp://127.0.0.1:{replay}")
@@ -131,7 +134,7 @@ async def test_stream_replays_gaps_and_reports_losses() -> None:
 
 async def test_stream_without_replay_starts_incomplete_after_missing_the_start() -> None:
     port = free_port()
-    publisher = sim.KVEventPublisher(f"tcp://*:{port}")
+    publisher = KVEventPublisher(f"tcp://*:{port}")
     publisher._seq = 5  # the engine published before the router subscribed
     sink = Sink()
     task = asyncio.create_task(EventStream("b", f"tcp://127.0.0.1:{port}", sink).run())

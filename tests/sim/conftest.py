@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kvstack.bench.ports import free_port_range
+from kvstack.bench.compare.ports import free_port_range
 from kvstack.sim.config import SimConfig
-from kvstack.sim.server import EngineSpec, FleetThread
+from kvstack.sim.server import FleetThread, SimEngineSpec
 from kvstack.stack.procs import ManagedProcess
 from tests.conftest import free_port
 
@@ -27,7 +27,7 @@ def sim_fleet() -> Iterator[FleetFactory]:
 
         def start(num: int = 1, **config: Any) -> FleetThread:
             cfg = SimConfig(**config)
-            specs = [EngineSpec(cfg, free_port()) for _ in range(num)]
+            specs = [SimEngineSpec(cfg, free_port()) for _ in range(num)]
             return stack.enter_context(FleetThread(specs))
 
         yield start

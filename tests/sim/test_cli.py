@@ -82,7 +82,7 @@ def test_vllm_spelled_flags(tmp_path: object) -> None:
     import msgspec
     import zmq
 
-    from kvstack.bench.ports import free_port
+    from kvstack.bench.compare.ports import free_port
 
     port, events = free_port(), free_port()
     config = {"enable_kv_cache_events": True, "publisher": "zmq",

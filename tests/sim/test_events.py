@@ -7,7 +7,7 @@ import msgspec
 import pytest
 import zmq
 
-from kvstack.sim.events import END_SEQ
+from kvstack.index.kv_events import END_SEQ
 from kvstack.sim.hashing import chain_block_hashes, external_hash, none_hash
 from tests.conftest import free_port
 from tests.sim.conftest import FleetFactory

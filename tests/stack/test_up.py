@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 import yaml
 
 from tests.conftest import free_port
@@ -98,23 +97,6 @@ def test_an_unhealthy_component_stops_the_stack_and_shows_its_log(tmp_path: Path
     up = kvstack("up", "--config", str(cfg), "--detach", "--no-progress")
     assert up.returncode == 1
     assert "bad exited" in up.stderr and "no-such-flag" in up.stderr
-
-
-@pytest.mark.slow
-def test_demo_on_simulated_engines(tmp_path: Path) -> None:
-    out = tmp_path / "demo"
-    demo = kvstack(
-        "demo", "--engines", "sim", "--quick", "--duration", "4", "--out", str(out),
-        "--no-progress", timeout=300,
-    )  # fmt: skip
-    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
-    assert "multi-round-qa" in demo.stdout and "long-doc-qa" in demo.stdout
-    assert (out / "demo.png").stat().st_size > 10_000
-    rows = yaml.safe_load((out / "demo.json").read_text())
-    assert {(r["workload"], r["mode"]) for r in rows} == {
-        (w, m) for w in ("multi-round-qa", "long-doc-qa") for m in ("off", "on")
-    }
-    assert all(r["requests"] > 0 and r["errors"] == 0 for r in rows)
 
 
 def test_multi_tenant_lora_stack_serves_a_registered_adapter(

@@ -7,17 +7,20 @@ import importlib
 __all__ = ["run"]
 
 BENCHMARKS: dict[str, tuple[str, str]] = {
-    "kv": ("kvstack.bench.kv", "KV tier store/retrieve throughput against memcpy and raw file I/O"),
-    "serve": ("kvstack.bench.serve", "load generator against an OpenAI endpoint"),
-    "compare": ("kvstack.bench.compare", "fleet + front ends side by side, table and plots"),
-    "vllm": ("kvstack.bench.vllm", "TTFT with the kvstack connector on a real vLLM engine"),
-    "router": ("kvstack.bench.router", "router-added latency and throughput"),
-    "index": ("kvstack.bench.index", "cluster KV index lookup speed with 1M chunks"),
-    "shared": ("kvstack.bench.shared_tiers", "Redis, S3 and peer tiers against loopback TCP"),
-    "radix": ("kvstack.bench.radix", "the router's radix prefix index: insert and match"),
+    "kv": (
+        "kvstack.bench.micro.kv",
+        "KV tier store/retrieve throughput against memcpy and raw file I/O",
+    ),
+    "serve": ("kvstack.bench.load.serve", "load generator against an OpenAI endpoint"),
+    "compare": ("kvstack.bench.compare.runner", "fleet + front ends side by side, table and plots"),
+    "vllm": ("kvstack.bench.micro.vllm", "TTFT with the kvstack connector on a real vLLM engine"),
+    "router": ("kvstack.bench.micro.router", "router-added latency and throughput"),
+    "index": ("kvstack.bench.micro.index", "cluster KV index lookup speed with 1M chunks"),
+    "shared": ("kvstack.bench.micro.shared_tiers", "Redis, S3 and peer tiers against loopback TCP"),
+    "radix": ("kvstack.bench.micro.radix", "the router's radix prefix index: insert and match"),
     "lora": ("kvstack.bench.lora.cli", "adapter cache policies on the lora-zipf workload"),
     "sim": (
-        "kvstack.bench.sim_perf",
+        "kvstack.bench.micro.sim_perf",
         "simulator capacity: one engine's req/s, a fleet on this host",
     ),
 }

@@ -23,8 +23,8 @@ from kvstack.errors import ConfigError, KVStackError, require
 __all__ = [
     "CHART_DIR",
     "ChartError",
+    "ChartManifest",
     "LintReport",
-    "Manifest",
     "lint_chart",
     "load_values",
     "render_chart",
@@ -39,7 +39,7 @@ class ChartError(KVStackError):
 
 
 @dataclass(frozen=True)
-class Manifest:
+class ChartManifest:
     """One rendered Kubernetes object and the template it came from."""
 
     template: str
@@ -100,7 +100,7 @@ def render_chart(
     chart_dir: Path = CHART_DIR,
     release: str = "kvstack",
     namespace: str = "default",
-) -> list[Manifest]:
+) -> list[ChartManifest]:
     """Every object the chart renders, in template order (NOTES.txt left out)."""
     helm = _helm()
     try:
@@ -114,7 +114,7 @@ def render_chart(
             continue
         for doc in yaml.safe_load_all(text):
             if doc:
-                manifests.append(Manifest(template, doc))
+                manifests.append(ChartManifest(template, doc))
     return manifests
 
 

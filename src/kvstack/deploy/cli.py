@@ -23,7 +23,7 @@ import yaml
 from kvstack.deploy.chart import (
     CHART_DIR,
     ChartError,
-    Manifest,
+    ChartManifest,
     lint_chart,
     load_values,
     render_chart,
@@ -72,7 +72,9 @@ def _render(args: argparse.Namespace) -> int:
     return _validate(args, values, manifests) if args.validate else 0
 
 
-def _validate(args: argparse.Namespace, values: dict[str, Any], manifests: list[Manifest]) -> int:
+def _validate(
+    args: argparse.Namespace, values: dict[str, Any], manifests: list[ChartManifest]
+) -> int:
     from kvstack.deploy.validate import DEFAULT_KUBE_VERSION, validate_manifests
 
     version = args.kube_version or DEFAULT_KUBE_VERSION
@@ -87,7 +89,7 @@ def _validate(args: argparse.Namespace, values: dict[str, Any], manifests: list[
     return 1 if problems else 0
 
 
-def _write_files(manifests: list[Manifest], out: Path) -> None:
+def _write_files(manifests: list[ChartManifest], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for number, m in enumerate(manifests):
         path = out / f"{number:03d}-{m.kind.lower()}-{m.name}.yaml"

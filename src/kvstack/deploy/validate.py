@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Iterable
 from typing import Any
 
-from kvstack.deploy.chart import Manifest
+from kvstack.deploy.chart import ChartManifest
 from kvstack.errors import require
 
 __all__ = ["CRD_MODELS", "DEFAULT_KUBE_VERSION", "crd_schema", "validate_manifests"]
@@ -32,7 +32,7 @@ CRD_MODELS = {
 
 
 def validate_manifests(
-    manifests: Iterable[Manifest], kube_version: str = DEFAULT_KUBE_VERSION
+    manifests: Iterable[ChartManifest], kube_version: str = DEFAULT_KUBE_VERSION
 ) -> list[str]:
     """One line per problem; an empty list means every manifest is valid."""
     problems = []

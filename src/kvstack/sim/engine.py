@@ -23,7 +23,7 @@ from kvstack.sim.config import SimConfig
 from kvstack.sim.events import KVEventPublisher, to_vllm_events
 from kvstack.sim.hashing import none_hash
 from kvstack.sim.lora import LoRASlots
-from kvstack.sim.metrics import EngineMetrics
+from kvstack.sim.metrics import SimEngineMetrics
 from kvstack.sim.request import SimRequest
 from kvstack.sim.scheduler import ScheduledStep, Scheduler, StepOutcome
 from kvstack.sim.tier import TierLink
@@ -50,7 +50,7 @@ class SimEngine:
             config.max_loras, config.cpu_lora_capacity, config.lora_load_s, config.lora_activate_s
         )
         self.scheduler = Scheduler(config, self.pool, self.loras, none_hash(config.hash_seed))
-        self.metrics = EngineMetrics(config, engine_index)
+        self.metrics = SimEngineMetrics(config, engine_index)
         self._lag = Counter(
             "kvstack_sim_step_lag_seconds",
             "Wall seconds by which engine steps started late (CPU saturation)",

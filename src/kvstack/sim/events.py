@@ -1,15 +1,8 @@
-"""vLLM KV events from the simulated engine: the same msgpack structs on the same ZMQ framing.
+"""vLLM KV events from the simulated engine: vLLM's structs on vLLM's ZMQ framing.
 
-Wire format (vLLM's ``ZmqEventPublisher``): each message on the PUB socket is three frames,
-``(topic, seq, payload)`` with ``seq`` an 8-byte big-endian counter from 0 and ``payload``
-``msgspec.msgpack.encode(KVEventBatch(ts, events, data_parallel_rank))``; one batch per engine
-step that changed the cache. A ROUTER replay socket answers ``(client, b"", start_seq)`` with
-every buffered ``(client, b"", topic, seq, payload)`` from ``start_seq`` on, then
-``(client, b"", b"", END_SEQ, b"")`` with ``END_SEQ = (-1).to_bytes(8, "big", signed=True)``.
-
-The structs below mirror ``vllm.distributed.kv_events`` field for field (tagged unions with
-``omit_defaults``; the batch is array-like), so consumers decode them with vLLM's own classes;
-a test does exactly that. Block hashes are 64-bit integers (vLLM's default).
+The publisher sends one :class:`~kvstack.index.kv_events.KVEventBatch` per engine step that
+changed the cache, on a PUB socket (``(topic, seq, payload)``), and keeps the last batches for
+a ROUTER replay socket; :mod:`kvstack.index.kv_events` holds the structs and the framing.
 
 One difference in timing: vLLM registers (and reports) a block when it schedules the step that
 computes it; the simulator reports it when that step ends, one step later. Within a batch,
@@ -27,74 +20,30 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from kvstack.index.kv_events import (
+    END_SEQ,
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+    KVEventBatch,
+)
 from kvstack.sim.blocks import PoolEvent
 from kvstack.sim.hashing import external_hash
 from kvstack.sim.scheduler import StoredBlocks
 
-__all__ = [
-    "END_SEQ",
-    "AllBlocksCleared",
-    "BlockRemoved",
-    "BlockStored",
-    "KVEventBatch",
-    "KVEventPublisher",
-    "to_vllm_events",
-]
+__all__ = ["KVEventPublisher", "to_vllm_events"]
 
 log = logging.getLogger(__name__)
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-MEDIUM_GPU = "GPU"
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the KV events (tagged by class name, as vLLM's)."""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-    session_id: str | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-    locality: str | None = None
-    ownership: str | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
 def to_vllm_events(
     stored: list[StoredBlocks], pool_events: list[PoolEvent], block_size: int
-) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+) -> list[KVEvent]:
     """The step's cache changes as vLLM events: removals (evictions happen at allocation,
     before the step runs) first, then the blocks stored at its end."""
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
+    events: list[KVEvent] = []
     for kind, block_hash in pool_events:
         if kind == "cleared":
             events.append(AllBlocksCleared())
@@ -166,7 +115,7 @@ class KVEventPublisher:
         self._encoder = msgspec.msgpack.Encoder()
         self.endpoint = endpoint
 
-    def publish(self, events: list[BlockStored | BlockRemoved | AllBlocksCleared]) -> None:
+    def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
         payload = self._encoder.encode(KVEventBatch(time.time(), events, self._rank))

@@ -18,7 +18,7 @@ from kvstack.sim.config import SimConfig
 from kvstack.sim.request import SimRequest
 from kvstack.sim.scheduler import ScheduledStep, StepOutcome
 
-__all__ = ["EngineMetrics"]
+__all__ = ["SimEngineMetrics"]
 
 _LABELS = ("model_name", "engine")
 _TTFT_BUCKETS = (
@@ -48,7 +48,7 @@ def _one_two_five(max_value: int) -> list[float]:
         exponent += 1
 
 
-class EngineMetrics:
+class SimEngineMetrics:
     def __init__(self, config: SimConfig, engine_index: int = 0) -> None:
         self.config = config
         self.registry = CollectorRegistry(auto_describe=False)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from kvstack.sim.blocks import KVBlock
 from kvstack.sim.hashing import BlockHash
 
-__all__ = ["Adapter", "FinishReason", "SimRequest", "Status"]
+__all__ = ["Adapter", "FinishReason", "RequestStatus", "SimRequest"]
 
 
-class Status(enum.Enum):
+class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -49,7 +49,7 @@ class SimRequest:
     tier_hit_tokens: int = 0  # prompt tokens a kvstack tier holds (looked up at arrival)
     stream: bool = False  # wake the handler at every token, not only at the end
     # -- scheduler state ------------------------------------------------------------------
-    status: Status = Status.WAITING
+    status: RequestStatus = RequestStatus.WAITING
     num_computed: int = 0  # tokens whose KV is in the engine
     blocks: list[KVBlock] = field(default_factory=list)
     block_hashes: list[BlockHash] = field(default_factory=list)  # of full blocks of `tokens`
@@ -79,7 +79,7 @@ class SimRequest:
 
     @property
     def finished(self) -> bool:
-        return self.status is Status.FINISHED
+        return self.status is RequestStatus.FINISHED
 
     @property
     def lora(self) -> tuple[str, str] | None:

@@ -28,7 +28,7 @@ from kvstack.sim.config import SimConfig
 from kvstack.sim.hashing import BlockHash, chain_block_hashes
 from kvstack.sim.lora import LoRASlots
 from kvstack.sim.queue import WaitQueue
-from kvstack.sim.request import FinishReason, SimRequest, Status
+from kvstack.sim.request import FinishReason, RequestStatus, SimRequest
 from kvstack.sim.timing import StepCost, step_seconds
 from kvstack.sim.tokenizer import NUM_SPECIAL
 
@@ -111,7 +111,7 @@ class Scheduler:
 
     def _schedule_running(self, step: ScheduledStep, budget: int) -> int:
         for req in list(self.running):
-            if req.status is not Status.RUNNING:
+            if req.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             if req.aborted:
                 self._finish(req, FinishReason.ABORT, step.start_s)
@@ -155,7 +155,7 @@ class Scheduler:
         req.blocks = []
         req.num_computed = 0
         req.num_cached_blocks = 0
-        req.status = Status.WAITING
+        req.status = RequestStatus.WAITING
         req.num_preemptions += 1
         step.num_preempted += 1
         self.waiting.push_front(req)
@@ -205,7 +205,7 @@ class Scheduler:
         req.num_computed = computed
         if req.num_preemptions == 0:
             req.local_hit_tokens, req.external_hit_tokens = local, external
-        req.status = Status.RUNNING
+        req.status = RequestStatus.RUNNING
         if req.scheduled_s is None:
             req.scheduled_s = step.start_s
         self.running.append(req)
@@ -246,7 +246,7 @@ class Scheduler:
         """Apply a step at its end time: computed tokens, sampled tokens, cached blocks."""
         out = StepOutcome()
         for req, num_new in step.work:
-            if req.status is not Status.RUNNING:
+            if req.status is not RequestStatus.RUNNING:
                 continue
             if req.aborted:
                 self._finish(req, FinishReason.ABORT, end_s)
@@ -299,11 +299,11 @@ class Scheduler:
         )
 
     def _finish(self, req: SimRequest, reason: FinishReason, now_s: float) -> None:
-        if req.status is Status.RUNNING:
+        if req.status is RequestStatus.RUNNING:
             self.running.remove(req)
             self.pool.free(req.blocks)
             req.blocks = []
-        req.status = Status.FINISHED
+        req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.finished_s = now_s
         req.notify()

@@ -27,14 +27,14 @@ from kvstack.sim.engine import SimEngine
 from kvstack.sim.tier import TierLink
 from kvstack.sim.tokenizer import SimTokenizer
 
-__all__ = ["EngineSpec", "FleetThread", "fleet_specs", "run_fleet", "serve_fleet"]
+__all__ = ["FleetThread", "SimEngineSpec", "fleet_specs", "run_fleet", "serve_fleet"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class SimEngineSpec:
     config: SimConfig
     port: int
     host: str = "127.0.0.1"
@@ -60,7 +60,7 @@ def offset_endpoint(endpoint: str | None, index: int) -> str | None:
     return f"{base}:{int(port) + index}"
 
 
-def fleet_specs(config: SimConfig, num: int, base_port: int, host: str) -> list[EngineSpec]:
+def fleet_specs(config: SimConfig, num: int, base_port: int, host: str) -> list[SimEngineSpec]:
     """``num`` engines on consecutive ports, KV event endpoints offset per engine."""
     specs = []
     for i in range(num):
@@ -68,14 +68,14 @@ def fleet_specs(config: SimConfig, num: int, base_port: int, host: str) -> list[
             "kv_events_endpoint": offset_endpoint(config.kv_events_endpoint, i),
             "kv_events_replay_endpoint": offset_endpoint(config.kv_events_replay_endpoint, i),
         }
-        specs.append(EngineSpec(config.model_copy(update=updates), base_port + i, host))
+        specs.append(SimEngineSpec(config.model_copy(update=updates), base_port + i, host))
     return specs
 
 
-class Fleet:
+class SimServerFleet:
     """Engines and their HTTP servers; ``await fleet.serve()`` until ``fleet.stop()``."""
 
-    def __init__(self, specs: Sequence[EngineSpec]) -> None:
+    def __init__(self, specs: Sequence[SimEngineSpec]) -> None:
         tiers: dict[tuple[str, ...], TierLink] = {}
         # One tokenizer per vocabulary: its word memo is the same for every engine.
         tokenizers: dict[int, SimTokenizer] = {}
@@ -117,9 +117,9 @@ class Fleet:
                 tier.close()
 
 
-async def serve_fleet(specs: Sequence[EngineSpec]) -> None:
+async def serve_fleet(specs: Sequence[SimEngineSpec]) -> None:
     """Serve until SIGINT or SIGTERM."""
-    fleet = Fleet(specs)
+    fleet = SimServerFleet(specs)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, fleet.stop)
@@ -127,7 +127,7 @@ async def serve_fleet(specs: Sequence[EngineSpec]) -> None:
     await fleet.serve()
 
 
-def run_fleet(specs: Sequence[EngineSpec]) -> None:
+def run_fleet(specs: Sequence[SimEngineSpec]) -> None:
     """Run :func:`serve_fleet` on uvloop when available."""
     try:
         import uvloop
@@ -140,10 +140,10 @@ def run_fleet(specs: Sequence[EngineSpec]) -> None:
 class FleetThread:
     """A fleet in a background thread (tests and in-process tools): ``with FleetThread(specs)``."""
 
-    def __init__(self, specs: Sequence[EngineSpec], start_timeout_s: float = 10.0) -> None:
+    def __init__(self, specs: Sequence[SimEngineSpec], start_timeout_s: float = 10.0) -> None:
         self.specs = list(specs)
         self.start_timeout_s = start_timeout_s
-        self.fleet: Fleet | None = None
+        self.fleet: SimServerFleet | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._main, name="sim-fleet", daemon=True)
         self._error: BaseException | None = None
@@ -161,7 +161,7 @@ class FleetThread:
         loop = asyncio.new_event_loop()
         self._loop = loop
         try:
-            self.fleet = Fleet(self.specs)
+            self.fleet = SimServerFleet(self.specs)
             loop.run_until_complete(self.fleet.serve())
         except BaseException as exc:  # reported to the starting thread
             self._error = exc

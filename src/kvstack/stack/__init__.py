@@ -1,1 +1,2 @@
-"""kvstack.stack"""
+"""``kvstack up`` / ``down``: a local stack of engines, router, index and redis as supervised
+processes."""

@@ -1,4 +1,4 @@
-"""``kvstack up``, ``kvstack down`` and ``kvstack demo``."""
+"""``kvstack up`` and ``kvstack down`` (``kvstack demo`` lives in :mod:`kvstack.bench.demo`)."""
 
 from __future__ import annotations
 
@@ -67,14 +67,9 @@ def _down(argv: list[str]) -> int:
 
 
 def run(command: str, argv: list[str]) -> int:
+    verbs = {"up": _up, "down": _down}
     try:
-        if command == "up":
-            return _up(argv)
-        if command == "down":
-            return _down(argv)
-        from kvstack.stack.demo import run_demo
-
-        return run_demo(argv)
+        return verbs[command](argv)
     except (StackError, ConfigError) as exc:
         print(f"kvstack {command}: {exc}", file=sys.stderr)
         return 1

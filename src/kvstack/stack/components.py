@@ -18,7 +18,7 @@ import yaml
 
 from kvstack.index.wire import zmq_url
 from kvstack.kv.remote.redis_server import large_value_env
-from kvstack.stack.config import EngineSpec, StackConfig
+from kvstack.stack.config import StackConfig, StackEngineSpec
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
 __all__ = ["Component", "plan_stack", "port_is_free"]
@@ -134,7 +134,7 @@ class _Context:
 
 
 def _engine(
-    spec: EngineSpec, name: str, model: str, port: int, events: int | None, ctx: _Context
+    spec: StackEngineSpec, name: str, model: str, port: int, events: int | None, ctx: _Context
 ) -> Component:
     served = spec.served_model_name or (spec.model if spec.model.startswith("toy") else None)
     tiers = [t.format(**ctx.expand) for t in spec.connector.tiers] if spec.connector else []
@@ -160,7 +160,7 @@ def _engine(
 
 
 def _lora_engine(
-    spec: EngineSpec, name: str, served: str, model: str, ctx: _Context
+    spec: StackEngineSpec, name: str, served: str, model: str, ctx: _Context
 ) -> dict[str, Any] | None:
     if spec.lora is None:
         return None
@@ -177,7 +177,7 @@ def _lora_engine(
     return entry
 
 
-def _connector_extra(spec: EngineSpec, url: str, index_url: str | None) -> dict[str, Any]:
+def _connector_extra(spec: StackEngineSpec, url: str, index_url: str | None) -> dict[str, Any]:
     """The connector's extra keys; with a stack index, announce under the engine's URL."""
     extra = dict(spec.connector.extra) if spec.connector else {}
     if index_url and spec.connector is not None and "index" not in extra:
@@ -185,7 +185,9 @@ def _connector_extra(spec: EngineSpec, url: str, index_url: str | None) -> dict[
     return extra
 
 
-def _sim_argv(spec: EngineSpec, model: str, host: str, port: int, tiers: list[str]) -> list[str]:
+def _sim_argv(
+    spec: StackEngineSpec, model: str, host: str, port: int, tiers: list[str]
+) -> list[str]:
     argv = [sys.executable, "-m", "kvstack", "sim-engine", "--host", host, "--port", str(port)]
     argv += ["--model", model, "--max-model-len", str(spec.max_model_len)]
     for tier in tiers:
@@ -196,7 +198,7 @@ def _sim_argv(spec: EngineSpec, model: str, host: str, port: int, tiers: list[st
 
 
 def _vllm_argv(
-    spec: EngineSpec,
+    spec: StackEngineSpec,
     model: str,
     served: str | None,
     host: str,

@@ -36,11 +36,11 @@ from kvstack.section import Section
 __all__ = [
     "ConnectorSpec",
     "EngineLoRASpec",
-    "EngineSpec",
     "IndexSpec",
     "RedisSpec",
     "RouterSpec",
     "StackConfig",
+    "StackEngineSpec",
 ]
 
 
@@ -68,7 +68,7 @@ class EngineLoRASpec(Section):
     )
 
 
-class EngineSpec(Section):
+class StackEngineSpec(Section):
     name: str = Field(default="engine", pattern=r"^[a-z0-9][a-z0-9-]*$", description="name prefix")
     kind: Literal["vllm", "sim"] = Field(default="vllm", description="real vLLM or the simulator")
     replicas: int = Field(default=1, ge=1, le=64, description="engines of this spec")
@@ -121,8 +121,9 @@ class RedisSpec(Section):
 class StackConfig(Section):
     run_dir: str = Field(default=".kvstack/run", description="logs, state file and local tiers")
     host: str = Field(default="127.0.0.1", description="address every component listens on")
-    engines: list[EngineSpec] = Field(
-        default_factory=lambda: [EngineSpec(kind="sim", replicas=2)], description="engine groups"
+    engines: list[StackEngineSpec] = Field(
+        default_factory=lambda: [StackEngineSpec(kind="sim", replicas=2)],
+        description="engine groups",
     )
     router: RouterSpec | None = Field(default_factory=RouterSpec, description="None: no router")
     index: IndexSpec | None = Field(default=None, description="cluster KV index service")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvstack.bench.prompts import PromptBuilder
 from kvstack.bench.workloads.base import RequestSpec, Workload, WorkloadParams
+from kvstack.bench.workloads.prompts import PromptBuilder
 from kvstack.errors import ConfigError
 from kvstack.registry import Registry
 

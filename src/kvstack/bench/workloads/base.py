@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import Field
 
-from kvstack.bench.prompts import PromptBuilder
+from kvstack.bench.workloads.prompts import PromptBuilder
 from kvstack.section import Section
 
 __all__ = ["Api", "RequestSpec", "Workload", "WorkloadParams"]

@@ -1,0 +1,283 @@
+"""``kvstack bench vllm``: TTFT with the kvstack connector in real vLLM engines.
+
+Scenarios, each the median of ``--reps`` prompts of ``--prompt-tokens`` random tokens:
+
+- ``cold``: no cache anywhere (plain vLLM);
+- ``vllm_prefix_hit``: vLLM's own prefix cache, same instance, second request;
+- ``kvstack_cpu_hit``: the kvstack CPU tier, same instance, after vLLM's own cache has lost the
+  blocks (emulated with vLLM's ``/reset_prefix_cache``: the preemption and capacity case);
+- ``kvstack_cross_instance``: another engine process loads through the shared ``file://`` tier;
+- ``kvstack_disk_restart``: an engine restarted with the file tier only and the chunk files
+  dropped from the page cache (``posix_fadvise(DONTNEED)``, checked with ``fincore``);
+- ``example_connector``: vLLM's bundled ExampleConnector at the longest prompt it handles, with
+  kvstack at the same length for comparison;
+- ``overhead``: TTFT and throughput on unique prompts (no reuse), with and without kvstack.
+
+Prints a table and writes ``--json``. Uses the ~150M-parameter toy Llama unless ``--quick``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kvstack.bench.micro.vllm_probe import PromptFactory, reset_prefix_cache, throughput, ttft
+from kvstack.models.toy import SMALL, TINY, build_toy_model
+from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
+
+__all__ = ["run"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="kvstack-bench-vllm-"))
+        self.model = build_toy_model(spec=TINY if args.quick else SMALL)
+        self.prompts = PromptFactory(seed=args.seed)
+        self.results: dict[str, Any] = {"prompt_tokens": args.prompt_tokens, "reps": args.reps}
+        self.kv_dir = self.work / "kv"
+
+    @contextlib.contextmanager
+    def engine(
+        self, name: str, kv_transfer: dict[str, Any] | None, prefix_caching: bool = True
+    ) -> Iterator[VLLMServer]:
+        extra = [] if prefix_caching else ["--no-enable-prefix-caching"]
+        spec = VLLMServerSpec(
+            model=str(self.model),
+            port=_free_port(),
+            served_model_name="bench",
+            max_model_len=max(16384, self.args.prompt_tokens + 64),
+            kv_transfer_config=kv_transfer,
+            extra_args=extra,
+            env={"VLLM_SERVER_DEV_MODE": "1"},
+        )
+        server = VLLMServer(spec, self.work / f"{name}.log", start_timeout_s=600)
+        print(f"  starting {name} ...", flush=True)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+    def kvstack(self, tiers: list[str]) -> dict[str, Any]:
+        return connector_config(tiers, chunk_size=256)
+
+    def sample(self, fn: Callable[[], float]) -> float:
+        return float(statistics.median(fn() for _ in range(self.args.reps)))
+
+    # -- scenarios ---------------------------------------------------------------------------
+    def plain(self) -> None:
+        n = self.args.prompt_tokens
+        with self.engine("plain", None) as e:
+            ttft(e, self.prompts(256))  # warm up
+            self.results["cold_s"] = self.sample(lambda: ttft(e, self.prompts(n)))
+            p = self.prompts(n)
+            ttft(e, p)
+            self.results["vllm_prefix_hit_s"] = self.sample(lambda: ttft(e, p))
+            self.results["overhead_plain"] = self.overhead(e)
+
+    def overhead(self, e: VLLMServer) -> dict[str, float]:
+        n = max(self.args.prompt_tokens // 8, 256)
+        unique_ttft = self.sample(lambda: ttft(e, self.prompts(n)))
+        batch = [self.prompts(n) for _ in range(8)]
+        out = throughput(e, batch, max_tokens=32)
+        return {"ttft_s": unique_ttft, "tokens_per_s": out["tokens_per_s"], "prompt_tokens": n}
+
+    def kvstack_same_instance(self) -> None:
+        n = self.args.prompt_tokens
+        tiers = ["cpu://?size=4GiB", f"file://{self.kv_dir}?size=20GiB"]
+        with self.engine("kvstack-a", self.kvstack(tiers)) as e:
+            ttft(e, self.prompts(256))
+            self.results["kvstack_cold_s"] = self.sample(lambda: ttft(e, self.prompts(n)))
+            p = self.prompts(n)
+            ttft(e, p)
+
+            def cpu_hit() -> float:
+                reset_prefix_cache(e)
+                return ttft(e, p)
+
+            self.results["kvstack_cpu_hit_s"] = self.sample(cpu_hit)
+            self.results["overhead_kvstack"] = self.overhead(e)
+            self.cross = [self.prompts(n) for _ in range(self.args.reps)]
+            self.disk = [self.prompts(n) for _ in range(self.args.reps)]
+            for q in self.cross + self.disk:
+                ttft(e, q)
+            time.sleep(2)  # the file tier writes in the background
+            with self.engine("kvstack-b", self.kvstack(tiers)) as b:
+                ttft(b, self.prompts(256))
+                samples = [ttft(b, q) for q in self.cross]
+                self.results["kvstack_cross_instance_s"] = statistics.median(samples)
+
+    def kvstack_restart(self) -> None:
+        resident = drop_page_cache(self.kv_dir)
+        self.results["page_cache_after_drop_bytes"] = resident
+        tiers = [f"file://{self.kv_dir}?size=20GiB"]
+        with self.engine("kvstack-restarted", self.kvstack(tiers)) as e:
+            samples = [ttft(e, q) for q in self.disk]
+            self.results["kvstack_disk_restart_s"] = statistics.median(samples)
+
+    def example_connector(self) -> None:
+        """vLLM's bundled ExampleConnector: cold then hit at the longest length it survives."""
+        path = self.work / "example"
+        outcome: dict[str, Any] = {}
+        for n in (
+            self.args.prompt_tokens,
+            self.args.prompt_tokens // 2,
+            self.args.prompt_tokens // 4,
+        ):
+            shutil.rmtree(path, ignore_errors=True)
+            path.mkdir(parents=True)
+            config = {
+                "kv_connector": "ExampleConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": str(path)},
+            }
+            with self.engine(f"example-{n}", config, prefix_caching=False) as e:
+                try:
+                    p = self.prompts(n)
+                    cold = ttft(e, p)
+                    hit = self.sample(functools.partial(ttft, e, p))
+                except Exception as exc:  # the engine dies or errors on long prompts
+                    outcome.setdefault("failed", []).append(
+                        {"prompt_tokens": n, "error": repr(exc)[:200]}
+                    )
+                    continue
+            outcome.update({"prompt_tokens": n, "cold_s": cold, "hit_s": hit})
+            break
+        self.results["example_connector"] = outcome
+        if "prompt_tokens" in outcome:
+            self.kvstack_at(outcome["prompt_tokens"])
+
+    def kvstack_at(self, n: int) -> None:
+        tiers = ["cpu://?size=4GiB", f"file://{self.work / 'kv-example-len'}?size=20GiB"]
+        with self.engine("kvstack-same-length", self.kvstack(tiers), prefix_caching=False) as e:
+            p = self.prompts(n)
+            cold = ttft(e, p)
+            self.results["kvstack_at_example_length"] = {
+                "prompt_tokens": n,
+                "cold_s": cold,
+                "hit_s": self.sample(lambda: ttft(e, p)),
+            }
+
+
+def drop_page_cache(root: Path) -> int:
+    """Evict the chunk files from the page cache; returns the bytes still resident."""
+    files = [p for p in root.rglob("*.kvc")]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not files or shutil.which("fincore") is None:
+        return -1
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files[:200])],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return sum(int(line.split()[0]) for line in out.stdout.splitlines() if line.strip())
+
+
+def summarize(r: dict[str, Any]) -> list[tuple[str, str, str]]:
+    cold = r.get("cold_s", float("nan"))
+    hit = r.get("vllm_prefix_hit_s", float("nan"))
+    rows = []
+    for key, label in (
+        ("cold_s", "cold (plain vLLM)"),
+        ("vllm_prefix_hit_s", "vLLM prefix hit, same instance"),
+        ("kvstack_cold_s", "cold with kvstack (stores)"),
+        ("kvstack_cpu_hit_s", "kvstack CPU tier, after vLLM evicted"),
+        ("kvstack_cross_instance_s", "kvstack, another instance (file tier)"),
+        ("kvstack_disk_restart_s", "kvstack disk tier after restart, cold page cache"),
+    ):
+        if key in r:
+            v = r[key]
+            rows.append(
+                (label, f"{v * 1000:.0f} ms", f"{v / hit:.2f}x vLLM hit, 1/{cold / v:.1f} cold")
+            )
+    return rows
+
+
+def print_report(r: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"TTFT, {r['prompt_tokens']}-token prompt (median of {r['reps']})")
+    for col in ("scenario", "TTFT", "ratio"):
+        table.add_column(col)
+    for row in summarize(r):
+        table.add_row(*row)
+    ex = r.get("example_connector", {})
+    if "prompt_tokens" in ex:
+        k = r.get("kvstack_at_example_length", {})
+        table.add_row(
+            f"ExampleConnector at {ex['prompt_tokens']} tokens: cold / hit",
+            f"{ex['cold_s'] * 1000:.0f} / {ex['hit_s'] * 1000:.0f} ms",
+            f"kvstack same length: {k.get('cold_s', 0) * 1000:.0f}"
+            f" / {k.get('hit_s', 0) * 1000:.0f} ms",
+        )
+    for failure in ex.get("failed", []):
+        table.add_row(
+            f"ExampleConnector at {failure['prompt_tokens']} tokens",
+            "failed",
+            failure["error"][:60],
+        )
+    plain, ours = r.get("overhead_plain"), r.get("overhead_kvstack")
+    if plain and ours:
+        table.add_row(
+            f"unique {plain['prompt_tokens']}-token prompts: TTFT",
+            f"{plain['ttft_s'] * 1000:.0f} -> {ours['ttft_s'] * 1000:.0f} ms",
+            f"{(ours['ttft_s'] / plain['ttft_s'] - 1) * 100:+.1f}%",
+        )
+        table.add_row(
+            "unique prompts: throughput (8 at once)",
+            f"{plain['tokens_per_s']:.0f} -> {ours['tokens_per_s']:.0f} tok/s",
+            f"{(ours['tokens_per_s'] / plain['tokens_per_s'] - 1) * 100:+.1f}%",
+        )
+    Console().print(table)
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvstack bench vllm", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--quick", action="store_true", help="tiny model, short prompts, 1 rep")
+    parser.add_argument("--prompt-tokens", type=int, default=None)
+    parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--work-dir", help="where logs and tiers go (default: a temp dir)")
+    parser.add_argument("--skip", action="append", default=[], choices=["example", "restart"])
+    args = parser.parse_args(argv)
+    args.prompt_tokens = args.prompt_tokens or (2048 if args.quick else 8192)
+    args.reps = args.reps or (1 if args.quick else 3)
+    bench = Bench(args)
+    print(f"kvstack bench vllm: model {bench.model.name}, work dir {bench.work}", flush=True)
+    bench.plain()
+    bench.kvstack_same_instance()
+    if "restart" not in args.skip:
+        bench.kvstack_restart()
+    if "example" not in args.skip:
+        bench.example_connector()
+    print_report(bench.results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(bench.results, indent=2))
+    return 0

@@ -1,0 +1,1 @@
+"""``kvstack plan``: whether KV tiers pay off for a workload on given hardware."""

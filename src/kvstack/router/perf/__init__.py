@@ -1,1 +1,0 @@
-"""Tools behind ``kvstack bench router``: a trivial fast upstream and a load generator."""
