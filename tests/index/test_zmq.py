@@ -20,9 +20,9 @@ from prometheus_client import REGISTRY
 from kvstack.errors import ConfigError, IndexServiceError, IndexTimeoutError
 from kvstack.index.client import AsyncIndexClient, IndexClient, lookup_request
 from kvstack.index.config import AnnounceConfig, IndexServiceConfig
+from kvstack.index.operations import Operation
 from kvstack.index.protocol import EventBatch, KeyProfile, LookupReply, LookupRequest, TierInfo
 from kvstack.index.runner import IndexServerThread
-from kvstack.index.service import Operation
 from kvstack.index.zmq_server import ZmqServer
 from kvstack.kv.keys import Namespace, chunk_keys
 from kvstack.router.config_scheduling import PrefixConfig

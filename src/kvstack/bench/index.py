@@ -36,7 +36,7 @@ import numpy as np
 from kvstack.index.client import IndexClient, lookup_request
 from kvstack.index.protocol import EventBatch, EventReply, KeyProfile, LookupReply, TierInfo
 from kvstack.index.state import IndexState
-from kvstack.index.wire import zmq_url
+from kvstack.index.urls import zmq_url
 from kvstack.kv.keys import Namespace, chunk_keys
 
 __all__ = ["run"]

@@ -28,7 +28,7 @@ from kvstack.index.protocol import (
     LookupReply,
     LookupRequest,
 )
-from kvstack.index.wire import SCHEME, check_index_url
+from kvstack.index.urls import SCHEME, check_index_url
 from kvstack.index.zmq_client import AsyncZmqTransport, ZmqTransport
 
 __all__ = ["AsyncIndexClient", "IndexClient", "lookup_request"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator, model_validator
 
-from kvstack.index.wire import check_index_url
+from kvstack.index.urls import check_index_url
 from kvstack.section import Section
 
 __all__ = [

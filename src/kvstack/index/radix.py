@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from kvstack.index.radix_check import check_integrity
 from kvstack.index.radix_evict import enforce_owner, enforce_total
 from kvstack.index.radix_node import Namespace, Node, Owner, OwnerPolicy
 from kvstack.index.radix_tree import Position, TreeCore
@@ -237,7 +238,5 @@ class RadixIndex(TreeCore):
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken invariant (O(tree))."""
-        from kvstack.index.radix_check import check_integrity
-
         check_integrity(self, self._roots, self._owners)
         assert set(self._root_ns) == set(self._roots.values()), "root map out of sync"
