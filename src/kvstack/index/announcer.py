@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from kvstack.index.client import IndexClient
 from kvstack.index.config import AnnounceConfig
-from kvstack.index.protocol import EventBatch, KeyProfile, TierInfo
+from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
 from kvstack.kv.keys import ChunkKey
 from kvstack.log import IncidentLogger
 
@@ -149,8 +149,8 @@ class Announcer:
                 "index", "announcer: index %s unreachable (%r); retrying", self._client.url, exc
             )
 
-    def _batch(self, reset: bool = False) -> EventBatch:
-        return EventBatch(
+    def _batch(self, reset: bool = False) -> AnnounceBatch:
+        return AnnounceBatch(
             instance=self.instance_id,
             profile=self._profile,
             epoch=self._epoch,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvstack.index.radix_node import Namespace, Node, Owner, OwnerState
+from kvstack.index.radix_node import Node, Owner, OwnerState, RadixNamespace
 from kvstack.index.radix_walk import page_key
 
 if TYPE_CHECKING:
@@ -17,7 +17,7 @@ __all__ = ["check_integrity"]
 
 
 def check_integrity(
-    index: TreeCore, roots: Mapping[Namespace, Node], owners: Mapping[Owner, OwnerState]
+    index: TreeCore, roots: Mapping[RadixNamespace, Node], owners: Mapping[Owner, OwnerState]
 ) -> None:
     """Raise AssertionError naming the first broken invariant."""
     seen: dict[Owner, list[Node]] = {o: [] for o in owners}

@@ -3,7 +3,7 @@
 Routes (bodies are JSON, or msgpack with ``Content-Type: application/msgpack``; answers use the
 request's format):
 
-- ``POST /events`` — an engine's report (:class:`~kvstack.index.protocol.EventBatch`).
+- ``POST /events`` — an engine's report (:class:`~kvstack.index.protocol.AnnounceBatch`).
 - ``POST /lookup`` — per engine and per tier, the matched prefix of a prompt.
 - ``POST /locate`` — which engines lend each chunk (used by ``peer://`` tiers).
 - ``GET /instances``, ``GET /health``, ``GET /metrics``.
@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.operations import REFUSED, Operation, count_request
-from kvstack.index.protocol import EventBatch, LocateRequest, LookupRequest
+from kvstack.index.protocol import AnnounceBatch, LocateRequest, LookupRequest
 from kvstack.index.state import IndexState
 from kvstack.metrics import counter, gauge, histogram
 
@@ -88,12 +88,12 @@ class IndexService:
         self.config = config
         self.state = IndexState(config.max_lookup_tokens)
         self.operations = {
-            "events": Operation(EventBatch, self.on_events),
+            "events": Operation(AnnounceBatch, self.on_events),
             "lookup": Operation(LookupRequest, self.on_lookup),
             "locate": Operation(LocateRequest, self.state.locate),
         }
 
-    def on_events(self, batch: EventBatch) -> Any:
+    def on_events(self, batch: AnnounceBatch) -> Any:
         reply = self.state.apply(batch)
         if reply.resync:
             _RESYNCS.inc()
