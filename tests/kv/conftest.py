@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvstack.kv.tiers import Tier
-from kvstack.kv.tiers.cpu import CPUTier
-from kvstack.kv.tiers.file import FileTier
+from kvstack.kv.tiers.cpu.tier import CPUTier
+from kvstack.kv.tiers.file.tier import FileTier
 
 TierFactory = Callable[[pytest.FixtureRequest, Path], Tier]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstack.kv.arena import ALIGN, Arena, extent_bytes
+from kvstack.kv.tiers.cpu.arena import ALIGN, Arena, extent_bytes
 
 
 def test_extents_are_recycled_and_coalesced() -> None:

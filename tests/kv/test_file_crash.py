@@ -12,15 +12,15 @@ from pathlib import Path
 import torch
 
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.tiers import chunkfile
-from kvstack.kv.tiers.file import FileTier
+from kvstack.kv.tiers.file import chunkfile
+from kvstack.kv.tiers.file.tier import FileTier
 
 NUM_BYTES = 1 << 20
 
 _WRITER = f"""
 import sys, time, torch
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.tiers.file import FileTier
+from kvstack.kv.tiers.file.tier import FileTier
 root, fsync = sys.argv[1], sys.argv[2] == "1"
 tier = FileTier(root, 1 << 40, fsync=fsync, queue_depth=4)
 base = torch.arange({NUM_BYTES}, dtype=torch.int64)

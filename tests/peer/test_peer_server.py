@@ -12,10 +12,10 @@ import torch
 
 from kvstack.index.config import PeerServerConfig
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
-from kvstack.kv.peer import protocol
-from kvstack.kv.peer.client import PeerClient
 from kvstack.kv.peer.server import PeerServer
-from kvstack.kv.tiers.cpu import CPUTier
+from kvstack.kv.tiers.cpu.tier import CPUTier
+from kvstack.kv.tiers.peer import protocol
+from kvstack.kv.tiers.peer.client import PeerClient
 
 
 def keys(n: int) -> list[ChunkKey]:

@@ -16,8 +16,8 @@ from kvstack.index.announcer import Announcer
 from kvstack.index.config import AnnounceConfig, IndexServiceConfig, PeerServerConfig
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv import KVCache
-from kvstack.kv.peer.client import PeerClient
 from kvstack.kv.peer.server import PeerServer
+from kvstack.kv.tiers.peer.client import PeerClient
 from kvstack.stack.procs import ManagedProcess
 from tests.conftest import free_port
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from kvstack.index.urls import zmq_url
-from kvstack.kv.remote.redis_server import large_value_env
+from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.config import EngineSpec, StackConfig
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 

@@ -10,8 +10,8 @@ import torch
 
 from kvstack.errors import ConfigError
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.remote.breaker import CircuitBreaker
-from kvstack.kv.remote.writer import BackgroundWriter, WriteJob
+from kvstack.kv.tiers.remote.breaker import CircuitBreaker
+from kvstack.kv.tiers.remote.writer import BackgroundWriter, WriteJob
 
 
 class Clock:

@@ -13,7 +13,7 @@ from kvstack.errors import ConfigError
 from kvstack.kv import KVCache
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from kvstack.kv.tiers import TierEvent, make_tier
-from kvstack.kv.tiers.redis import RedisTier
+from kvstack.kv.tiers.redis.tier import RedisTier
 from tests.kv.tiers_remote.servers import RedisServer
 
 pytestmark = pytest.mark.redis

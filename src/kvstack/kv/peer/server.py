@@ -27,8 +27,8 @@ from kvstack.index.config import PeerServerConfig
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.format import encode_header
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
-from kvstack.kv.peer import protocol as p
 from kvstack.kv.tensors import byte_view, dtype_name, torch
+from kvstack.kv.tiers.peer import protocol as p
 from kvstack.metrics import counter
 
 if TYPE_CHECKING:

@@ -13,7 +13,9 @@ from concurrent.futures import Executor
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.remote.codec import (
+from kvstack.kv.tensors import torch
+from kvstack.kv.tiers.redis.resp import RespConnection, RespError, pack_command, pack_large
+from kvstack.kv.tiers.remote.codec import (
     HEADER_BYTES,
     EncodedChunk,
     Pending,
@@ -25,8 +27,6 @@ from kvstack.kv.remote.codec import (
     settle,
     tensor_for,
 )
-from kvstack.kv.remote.resp import RespConnection, RespError, pack_command, pack_large
-from kvstack.kv.tensors import torch
 
 __all__ = ["ReadResult", "delete_batch", "exists_batch", "read_batch", "touch_batch", "write_batch"]
 

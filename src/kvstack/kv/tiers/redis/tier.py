@@ -3,12 +3,12 @@
 Each chunk is one value ``<prefix><key hex>`` in the chunk format (header + payload, checksum
 verified on every read; a corrupt value is deleted and is a miss). Calls are batched: one
 pipeline of ``EXISTS`` or ``GET`` per node and call, and reads land straight in the caller's
-tensors (see :mod:`kvstack.kv.remote.resp` for why not redis-py's reply parser). Writes go
+tensors (see :mod:`kvstack.kv.tiers.redis.resp` for why not redis-py's reply parser). Writes go
 through a bounded background queue (``put`` never waits on the network) that skips values
 already stored (renewing their TTL) and pipelines the rest. A failing server opens a circuit
 breaker: calls become misses at once and are retried every ``breaker_reset_s``.
 
-URL parameters: see :mod:`kvstack.kv.remote.redis_url`.
+URL parameters: see :mod:`kvstack.kv.tiers.redis.redis_url`.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from typing import Any, TypeVar
 from kvstack.errors import TierError
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
-from kvstack.kv.remote import redis_io
-from kvstack.kv.remote.breaker import CircuitBreaker
-from kvstack.kv.remote.codec import ReadResult, encode_chunk
-from kvstack.kv.remote.redis_nodes import NodeAddress, RedisNodes
-from kvstack.kv.remote.redis_url import RedisOptions, parse_redis_url
-from kvstack.kv.remote.resp import RespConnection, pack_command
-from kvstack.kv.remote.writer import BackgroundWriter, WriteJob
 from kvstack.kv.tensors import torch
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
 from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.tiers.redis import redis_io
+from kvstack.kv.tiers.redis.redis_nodes import NodeAddress, RedisNodes
+from kvstack.kv.tiers.redis.redis_url import RedisOptions, parse_redis_url
+from kvstack.kv.tiers.redis.resp import RespConnection, pack_command
+from kvstack.kv.tiers.remote.breaker import CircuitBreaker
+from kvstack.kv.tiers.remote.codec import ReadResult, encode_chunk
+from kvstack.kv.tiers.remote.writer import BackgroundWriter, WriteJob
 from kvstack.log import IncidentLogger
 
 __all__ = ["RedisTier"]

@@ -16,8 +16,9 @@ from concurrent.futures import Executor
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.peer import protocol as p
-from kvstack.kv.remote.codec import (
+from kvstack.kv.tensors import torch
+from kvstack.kv.tiers.peer import protocol as p
+from kvstack.kv.tiers.remote.codec import (
     HEADER_BYTES,
     Pending,
     ReadResult,
@@ -28,7 +29,6 @@ from kvstack.kv.remote.codec import (
     settle,
     tensor_for,
 )
-from kvstack.kv.tensors import torch
 
 __all__ = ["PeerClient", "parse_address"]
 

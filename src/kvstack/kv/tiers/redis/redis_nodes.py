@@ -14,7 +14,13 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from kvstack.errors import TierError
-from kvstack.kv.remote.resp import RespConnection, RespError, RespPool, RespSettings, pack_command
+from kvstack.kv.tiers.redis.resp import (
+    RespConnection,
+    RespError,
+    RespPool,
+    RespSettings,
+    pack_command,
+)
 
 __all__ = ["NodeAddress", "RedisNodes"]
 

@@ -17,8 +17,8 @@ from concurrent.futures import Executor
 from typing import Any
 
 from kvstack.errors import ChunkFormatError, require
-from kvstack.kv.remote.codec import HEADER_BYTES, EncodedChunk
-from kvstack.kv.remote.s3_url import S3Options
+from kvstack.kv.tiers.remote.codec import HEADER_BYTES, EncodedChunk
+from kvstack.kv.tiers.s3.s3_url import S3Options
 
 __all__ = [
     "SegmentReader",

@@ -1,6 +1,6 @@
 """``cpu://?size=8GiB&policy=lru&pin_memory=false`` — chunks in this process's DRAM.
 
-Memory comes from one arena of ``size`` bytes (see :mod:`kvstack.kv.arena`), so a full cache
+Memory comes from one arena of ``size`` bytes (see :mod:`.arena`), so a full cache
 stores at memcpy speed instead of paying page faults on fresh allocations. Eviction order comes
 from a pluggable policy (``lru``, ``fifo``, ``s3fifo``).
 
@@ -27,11 +27,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from kvstack.errors import ConfigError
-from kvstack.kv.arena import Arena, extent_bytes
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.policy import make_policy
 from kvstack.kv.tensors import torch
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
+from kvstack.kv.tiers.cpu.arena import Arena, extent_bytes
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.section import parse_size
 

@@ -16,16 +16,16 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from kvstack.errors import ConfigError
-from kvstack.kv.remote.options import (
+from kvstack.kv.tiers.base import TierURL
+from kvstack.kv.tiers.redis.redis_nodes import NodeAddress
+from kvstack.kv.tiers.redis.resp import RespSettings
+from kvstack.kv.tiers.remote.options import (
     pop_bool,
     pop_compression,
     pop_float,
     pop_int,
     pop_size,
 )
-from kvstack.kv.remote.redis_nodes import NodeAddress
-from kvstack.kv.remote.resp import RespSettings
-from kvstack.kv.tiers.base import TierURL
 
 __all__ = ["RedisOptions", "parse_redis_url"]
 

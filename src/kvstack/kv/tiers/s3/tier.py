@@ -7,7 +7,7 @@ written as multipart uploads. Writes go through a bounded background queue (``pu
 waits on the network) and skip objects that already exist. botocore's own payload checksums are
 turned off (``when_required``): the chunk format's XXH3 already covers the bytes end to end. A
 failing endpoint opens a circuit breaker (calls become misses, retried every
-``breaker_reset_s``). URL parameters: see :mod:`kvstack.kv.remote.s3_url`.
+``breaker_reset_s``). URL parameters: see :mod:`kvstack.kv.tiers.s3.s3_url`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ from typing import Any, TypeVar
 from kvstack.errors import ChunkFormatError, TierError, require
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
-from kvstack.kv.remote import s3_io
-from kvstack.kv.remote.breaker import CircuitBreaker
-from kvstack.kv.remote.codec import (
+from kvstack.kv.tensors import torch
+from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
+from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.tiers.remote.breaker import CircuitBreaker
+from kvstack.kv.tiers.remote.codec import (
     HEADER_BYTES,
     check_header,
     decode_payload,
@@ -32,12 +34,10 @@ from kvstack.kv.remote.codec import (
     payload_target,
     tensor_for,
 )
-from kvstack.kv.remote.known import KnownKeys
-from kvstack.kv.remote.s3_url import S3Options, parse_s3_url
-from kvstack.kv.remote.writer import BackgroundWriter, WriteJob
-from kvstack.kv.tensors import torch
-from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
-from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.tiers.remote.known import KnownKeys
+from kvstack.kv.tiers.remote.writer import BackgroundWriter, WriteJob
+from kvstack.kv.tiers.s3 import s3_io
+from kvstack.kv.tiers.s3.s3_url import S3Options, parse_s3_url
 from kvstack.log import IncidentLogger
 
 __all__ = ["S3Tier"]

@@ -1,12 +1,12 @@
 """``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1`` —
 chunks on local disk, one file each (layout and atomicity: :mod:`.chunkfile`).
 
-Writes go through a bounded background queue (:mod:`.writer`; ``queue`` chunks and ``queue_size``
-bytes at most), so ``put`` never waits for the disk: when the queue is full the write is dropped and
-counted. Chunks waiting in the queue are served from memory. A failed write (disk full, I/O error)
-is logged once per incident, counted, and leaves no file behind; the tier keeps serving what it
-holds. Reads verify header, file length and payload checksum; a corrupt or truncated file is deleted
-and reported as a miss.
+Writes go through a bounded background queue (:mod:`kvstack.kv.tiers.writer`; ``queue`` chunks
+waiting and ``queue_size`` bytes at most), so ``put`` never waits for the disk: when the queue is
+full the write is dropped and counted. Chunks waiting in the queue are served from memory. A
+failed write (disk full, I/O error) is logged once per incident, counted, and leaves no file
+behind; the tier keeps serving what it holds. Reads verify header, file length and payload
+checksum; a corrupt or truncated file is deleted and reported as a miss.
 
 At start the index is rebuilt from the directory (oldest files first in eviction order): every chunk
 file's header and length are checked, bad ones deleted, temporary files of dead writers removed, and
@@ -31,9 +31,9 @@ from kvstack.errors import ChunkFormatError, ConfigError
 from kvstack.kv.format import COMPRESSIONS, DTYPES, HEADER_BYTES, compress, encode_header
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, dtype_name, torch, torch_dtype
-from kvstack.kv.tiers import chunkfile
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
-from kvstack.kv.tiers.file_index import FileIndex
+from kvstack.kv.tiers.file import chunkfile
+from kvstack.kv.tiers.file.file_index import FileIndex
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.writer import BackgroundWriter
 from kvstack.log import IncidentLogger

@@ -6,7 +6,7 @@ a static list of peer servers instead. Answers are remembered for ``locate_ttl_s
 cache's ``contains`` and the following ``get`` cost one round trip to the index, not two.
 
 Reads go to the first healthy holder of each chunk, batched per peer, received straight into
-the caller's tensors and verified (:mod:`kvstack.kv.peer.client`); chunks a holder no longer
+the caller's tensors and verified (:mod:`kvstack.kv.tiers.peer.client`); chunks a holder no longer
 has are tried at the next holder. Every peer, and the index, sits behind its own circuit
 breaker: a dead or slow engine is skipped at once and retried later, and a BUSY peer (its
 back-pressure) is a miss. This tier holds nothing itself: ``put`` and ``remove`` decline.
@@ -28,13 +28,13 @@ from typing import Any
 from kvstack.errors import ConfigError, TierError
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.peer.client import PeerClient, parse_address
-from kvstack.kv.remote.breaker import CircuitBreaker
-from kvstack.kv.remote.codec import ReadResult
-from kvstack.kv.remote.options import pop_float, pop_int
 from kvstack.kv.tensors import torch
 from kvstack.kv.tiers.base import Tier, TierStats, TierURL
 from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.tiers.peer.client import PeerClient, parse_address
+from kvstack.kv.tiers.remote.breaker import CircuitBreaker
+from kvstack.kv.tiers.remote.codec import ReadResult
+from kvstack.kv.tiers.remote.options import pop_float, pop_int
 from kvstack.log import IncidentLogger
 
 __all__ = ["PeerTier"]

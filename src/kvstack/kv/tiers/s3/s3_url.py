@@ -13,14 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvstack.errors import ConfigError
-from kvstack.kv.remote.options import (
+from kvstack.kv.tiers.base import TierURL
+from kvstack.kv.tiers.remote.options import (
     pop_bool,
     pop_compression,
     pop_float,
     pop_int,
     pop_size,
 )
-from kvstack.kv.tiers.base import TierURL
 
 __all__ = ["S3Options", "parse_s3_url"]
 
