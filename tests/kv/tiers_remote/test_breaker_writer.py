@@ -11,7 +11,7 @@ import torch
 from kvstack.errors import ConfigError
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
-from kvstack.kv.tiers.remote.writer import BackgroundWriter, WriteJob
+from kvstack.kv.tiers.writer import BackgroundWriter, CancelOutcome, QueueState, WriteJob
 
 
 class Clock:
@@ -113,4 +113,26 @@ def test_writer_survives_a_failing_batch() -> None:
     assert writer.flush(5)
     writer.submit(key(1), torch.ones(4))
     assert writer.flush(5) and calls == [1, 1]
+    writer.close()
+
+
+def test_a_chunk_cancelled_while_being_written_is_invisible_until_put_again() -> None:
+    entered, gate = threading.Event(), threading.Event()
+
+    def write(jobs: list[WriteJob]) -> None:
+        entered.set()
+        gate.wait(30)
+
+    writer = BackgroundWriter("t", write, max_chunks=4, max_batch=1)
+    chunk = torch.ones(4)
+    assert writer.submit(key(0), chunk) and entered.wait(10)
+    assert writer.submit(key(1), chunk)
+    assert writer.cancel(key(1)) is CancelOutcome.DEQUEUED and not writer.pending(key(1))
+    assert writer.cancel(key(0)) is CancelOutcome.WRITING
+    assert writer.queued_chunk(key(0)) is None and writer.is_cancelled(key(0))
+    assert writer.submit(key(0), chunk)  # put again while the first write is in flight
+    assert writer.queued_chunk(key(0)) is chunk and not writer.is_cancelled(key(0))
+    assert writer.cancel(key(2)) is CancelOutcome.ABSENT
+    gate.set()
+    assert writer.flush(timeout_s=5) and writer.state() == QueueState(0, 0, 0)
     writer.close()

@@ -3,8 +3,10 @@ writes, TTL, prefixes, verification of every value, compression, auth and databa
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from kvstack.errors import ConfigError
 from kvstack.kv import KVCache
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from kvstack.kv.tiers import TierEvent, make_tier
+from kvstack.kv.tiers.redis import redis_io
 from kvstack.kv.tiers.redis.tier import RedisTier
 from tests.kv.tiers_remote.servers import RedisServer
 
@@ -52,6 +55,34 @@ def test_put_is_queued_then_written_and_read_back_in_batches(redis_url: str) -> 
         assert tier.get(ks[5]) is None
         stats = tier.stats()
         assert stats.hits == 5 and stats.misses == 3 and stats.bytes_written > 0
+    finally:
+        tier.close()
+
+
+def test_a_chunk_removed_while_its_write_is_in_flight_stays_removed(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entered, gate = threading.Event(), threading.Event()
+    real = redis_io.write_batch
+
+    def blocked(*args: Any, **kw: Any) -> list[bool]:
+        entered.set()
+        gate.wait(30)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(redis_io, "write_batch", blocked)
+    tier = redis_tier(redis_url)
+    events: list[TierEvent] = []
+    tier.add_listener(events.append)
+    (k,) = keys(1)
+    try:
+        assert tier.put(k, chunk(0)) and entered.wait(10)
+        assert tier.remove(k)
+        assert not tier.contains(k) and tier.get(k) is None  # gone at once
+        gate.set()
+        assert tier.flush(10)
+        assert not tier.contains(k) and tier.get(k) is None  # the landed write was undone
+        assert [e.kind for e in events] == ["removed"]
     finally:
         tier.close()
 

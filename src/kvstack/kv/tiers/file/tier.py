@@ -35,7 +35,7 @@ from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
 from kvstack.kv.tiers.file import chunkfile
 from kvstack.kv.tiers.file.file_index import FileIndex
 from kvstack.kv.tiers.metrics import TierMetrics
-from kvstack.kv.tiers.writer import BackgroundWriter
+from kvstack.kv.tiers.writer import BackgroundWriter, CancelOutcome, WriteJob
 from kvstack.log import IncidentLogger
 from kvstack.section import parse_size
 
@@ -81,8 +81,13 @@ class FileTier(Tier):
             raise ConfigError(f"file tier cannot create {str(self.root)!r}: {exc}") from None
         chunkfile.clean_tmp(self.root / chunkfile.TMP_DIR)
         self._scan()
-        self._writer: BackgroundWriter[torch.Tensor] = BackgroundWriter(
-            name, self._write, queue_depth, queue_bytes, on_crash=self._crashed
+        self._writer = BackgroundWriter(
+            name,
+            self._write_jobs,
+            max_chunks=queue_depth + 1,  # ``queue`` waiting, plus the one being written
+            max_bytes=queue_bytes,
+            max_batch=1,
+            on_crash=self._crashed,
         )
 
     @classmethod
@@ -131,7 +136,7 @@ class FileTier(Tier):
 
     def get(self, key: ChunkKey) -> torch.Tensor | None:
         start = time.perf_counter()
-        queued = self._writer.peek(key)
+        queued = self._writer.queued_chunk(key)
         if queued is not None:  # not written yet: serve it from the queue
             self._metrics.hit(queued.numel() * queued.element_size(), time.perf_counter() - start)
             return queued.clone()
@@ -151,7 +156,7 @@ class FileTier(Tier):
 
     def get_into(self, key: ChunkKey, out: torch.Tensor) -> bool:
         start = time.perf_counter()
-        queued = self._writer.peek(key)
+        queued = self._writer.queued_chunk(key)
         if queued is not None:  # not written yet: serve it from the queue
             if queued.dtype != out.dtype or queued.shape != out.shape:
                 self._metrics.miss()
@@ -216,10 +221,14 @@ class FileTier(Tier):
             return True
         if not chunk.is_contiguous() or chunk.device.type != "cpu":
             chunk = chunk.detach().to("cpu").contiguous()  # the queue needs CPU bytes
-        if not self._writer.submit(key, chunk, chunk.numel() * chunk.element_size()):
+        if not self._writer.submit(key, chunk):
             self._metrics.dropped()
             return False
         return True
+
+    def _write_jobs(self, jobs: list[WriteJob]) -> None:
+        for key, chunk in jobs:
+            self._write(key, chunk)
 
     def _write(self, key: ChunkKey, chunk: torch.Tensor) -> None:
         """On the writer thread (the only thread that writes or evicts files)."""
@@ -278,7 +287,7 @@ class FileTier(Tier):
     def remove(self, key: ChunkKey) -> bool:
         with self._index.locked():  # ordered with the writer's commit of the same key
             queued = self._writer.pending(key)
-            writing = self._writer.cancel(key)
+            writing = self._writer.cancel(key) is CancelOutcome.WRITING
             indexed = key in self._index
         existed = queued
         # A write in flight deletes its own file when it commits, or keeps it if the chunk is
@@ -320,7 +329,7 @@ class FileTier(Tier):
         return self._writer.flush(timeout_s)
 
     def close(self) -> None:
-        self._writer.close()
+        self._writer.close(timeout_s=None)  # a local disk: write everything queued
 
     def _gauges(self) -> tuple[int, int]:
         return self._index.usage()
@@ -332,8 +341,8 @@ class FileTier(Tier):
     def stats(self) -> TierStats:
         queued = self._writer.state()
         stats = self._metrics.snapshot(*self._index.usage(), self.capacity_bytes)
-        stats.extra["queued_writes"] = float(queued.items)
-        stats.extra["queued_bytes"] = float(queued.bytes)
+        stats.extra["queued_writes"] = float(queued.waiting)
+        stats.extra["queued_bytes"] = float(queued.waiting_bytes)
         return stats
 
     def check_integrity(self) -> None:

@@ -23,15 +23,15 @@ from kvstack.errors import TierError
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.tensors import torch
-from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
-from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.tiers.base import TierEvent, TierURL
 from kvstack.kv.tiers.redis import redis_io
 from kvstack.kv.tiers.redis.redis_nodes import NodeAddress, RedisNodes
 from kvstack.kv.tiers.redis.redis_url import RedisOptions, parse_redis_url
 from kvstack.kv.tiers.redis.resp import RespConnection, pack_command
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.remote.codec import ReadResult, encode_chunk
-from kvstack.kv.tiers.remote.writer import BackgroundWriter, WriteJob
+from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, QueueLimits
+from kvstack.kv.tiers.writer import WriteJob
 from kvstack.log import IncidentLogger
 
 __all__ = ["RedisTier"]
@@ -42,27 +42,21 @@ R = TypeVar("R")
 FAILURES = (OSError, TierError)
 
 
-class RedisTier(Tier):
+class RedisTier(QueuedRemoteTier):
     scheme = "redis"
-    shared = True
 
     def __init__(self, options: RedisOptions, name: str = "redis") -> None:
-        super().__init__(name)
         self.options = options
         self.location = options.location
         self._prefix = options.prefix.encode()
         self._nodes = RedisNodes(options.seeds, options.settings, options.cluster)
-        self._breaker = CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s)
-        self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
         self._pool = ThreadPoolExecutor(8, f"kvstack-{name}-io", enter_background)
         self._verify = ThreadPoolExecutor(2, f"kvstack-{name}-verify", enter_background)
-        self._writer = BackgroundWriter(
+        super().__init__(
             name,
-            self._write_jobs,
-            max_chunks=options.queue_chunks,
-            max_bytes=options.queue_bytes,
-            max_batch=options.write_batch,
+            CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s),
+            QueueLimits(options.queue_chunks, options.queue_bytes, options.write_batch),
         )
 
     @classmethod
@@ -119,47 +113,14 @@ class RedisTier(Tier):
             f"{op}:{type(exc).__name__}", "redis tier %s: %s failed: %r", self.name, op, exc
         )
 
-    # -- reads -----------------------------------------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.contains_many([key])[0]
-
-    def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        found = [self._writer.queued_chunk(k) is not None for k in keys]
-        todo = [i for i, hit in enumerate(found) if not hit]
-        names = [self._name(keys[i]) for i in todo]
+    # -- reads (queued chunks are served by the base class) ---------------------------------
+    def _contains_remote(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        names = [self._name(k) for k in keys]
 
         def exists(conn: RespConnection, idx: list[int]) -> list[bool]:
             return redis_io.exists_batch(conn, [names[i] for i in idx])
 
-        for i, hit in zip(todo, self._per_node("contains", names, exists) or [], strict=False):
-            found[i] = hit  # no results (breaker open, failure): those keys stay misses
-        return found
-
-    def get(self, key: ChunkKey) -> torch.Tensor | None:
-        queued = self._writer.queued_chunk(key)
-        if queued is not None:
-            self._metrics.hit(queued.numel() * queued.element_size())
-            return queued
-        return self._read([key], [None])[0]
-
-    def get_into(self, key: ChunkKey, out: torch.Tensor) -> bool:
-        return self.get_many_into([key], [out])[0]
-
-    def get_many_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
-        loaded = [self._copy_queued(k, o) for k, o in zip(keys, outs, strict=True)]
-        todo = [i for i, hit in enumerate(loaded) if not hit]
-        got = self._read([keys[i] for i in todo], [outs[i] for i in todo])
-        for i, chunk in zip(todo, got, strict=True):
-            loaded[i] = chunk is not None
-        return loaded
-
-    def _copy_queued(self, key: ChunkKey, out: torch.Tensor) -> bool:
-        queued = self._writer.queued_chunk(key)
-        if queued is None or queued.dtype != out.dtype or queued.shape != out.shape:
-            return False
-        out.copy_(queued)
-        self._metrics.hit(queued.numel() * queued.element_size())
-        return True
+        return self._per_node("contains", names, exists) or []
 
     def _read(
         self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor | None]
@@ -198,16 +159,10 @@ class RedisTier(Tier):
             "corrupt", "redis tier %s: dropping corrupt chunk %s: %s", self.name, key.hex(), detail
         )
         self._metrics.corrupt()
-        self._delete([key])
+        self._delete_stored([key])
         self._emit(TierEvent("removed", self.name, key, reason="corrupt"))
 
-    # -- writes ----------------------------------------------------------------------------
-    def put(self, key: ChunkKey, chunk: torch.Tensor) -> bool:
-        if self._breaker.state == "open" or not self._writer.submit(key, chunk):
-            self._metrics.dropped()
-            return False
-        return True
-
+    # -- writes (queued by the base class) -------------------------------------------------
     def _write_jobs(self, jobs: list[WriteJob]) -> None:
         keys = [job.key for job in jobs]
         names = [self._name(k) for k in keys]
@@ -223,11 +178,7 @@ class RedisTier(Tier):
             return [done.get(i, True) for i in idx]
 
         results = self._per_node("put", names, write)
-        for key, ok in zip(keys, results or [False] * len(keys), strict=True):
-            if ok:
-                self._emit(TierEvent("stored", self.name, key))
-            else:
-                self._metrics.dropped()
+        self._settle_writes(keys, results or [False] * len(keys))
 
     def _set(self, conn: RespConnection, jobs: list[WriteJob], names: list[bytes]) -> list[bool]:
         start = time.perf_counter()
@@ -240,14 +191,7 @@ class RedisTier(Tier):
                 self._metrics.wrote(enc.num_bytes)
         return acks
 
-    def remove(self, key: ChunkKey) -> bool:
-        queued = self._writer.discard(key)
-        existed = self._delete([key])
-        if queued or existed:
-            self._emit(TierEvent("removed", self.name, key, reason="removed"))
-        return queued or existed
-
-    def _delete(self, keys: Sequence[ChunkKey]) -> bool:
+    def _delete_stored(self, keys: Sequence[ChunkKey]) -> bool:
         names = [self._name(k) for k in keys]
 
         def delete(conn: RespConnection, idx: list[int]) -> list[bool]:
@@ -282,21 +226,11 @@ class RedisTier(Tier):
                 except ValueError:
                     continue
 
-    def flush(self, timeout_s: float | None = None) -> bool:
-        return self._writer.flush(timeout_s)
-
     def close(self) -> None:
         self._writer.close()
         self._pool.shutdown(wait=True)
         self._verify.shutdown(wait=True)
         self._nodes.close()
-
-    def stats(self) -> TierStats:
-        stats = self._metrics.snapshot(0, 0, 0)
-        stats.extra["queued_writes"] = float(self._writer.num_queued)
-        stats.extra["breaker_trips"] = float(self._breaker.trips)
-        stats.extra["breaker_open"] = float(self._breaker.state != "closed")
-        return stats
 
 
 def _glob_escape(text: str) -> str:

@@ -22,8 +22,7 @@ from kvstack.errors import ChunkFormatError, TierError, require
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.tensors import torch
-from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
-from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.tiers.base import TierEvent, TierURL
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.remote.codec import (
     HEADER_BYTES,
@@ -35,9 +34,10 @@ from kvstack.kv.tiers.remote.codec import (
     tensor_for,
 )
 from kvstack.kv.tiers.remote.known import KnownKeys
-from kvstack.kv.tiers.remote.writer import BackgroundWriter, WriteJob
+from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, QueueLimits
 from kvstack.kv.tiers.s3 import s3_io
 from kvstack.kv.tiers.s3.s3_url import S3Options, parse_s3_url
+from kvstack.kv.tiers.writer import WriteJob
 from kvstack.log import IncidentLogger
 
 __all__ = ["S3Tier"]
@@ -47,12 +47,10 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 
-class S3Tier(Tier):
+class S3Tier(QueuedRemoteTier):
     scheme = "s3"
-    shared = True
 
     def __init__(self, options: S3Options, name: str = "s3") -> None:
-        super().__init__(name)
         self.options = options
         self.location = options.location
         self._client = s3_io.make_client(options)
@@ -63,8 +61,6 @@ class S3Tier(Tier):
             OSError,
             TierError,
         )
-        self._breaker = CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s)
-        self._metrics = TierMetrics(name)
         self._incidents = IncidentLogger(log)
         self._keys_pool = ThreadPoolExecutor(
             options.threads, f"kvstack-{name}-get", enter_background
@@ -74,13 +70,10 @@ class S3Tier(Tier):
         )
         self._known = KnownKeys()
         self._bucket_checked = not options.create_bucket
-        self._writer = BackgroundWriter(
+        super().__init__(
             name,
-            self._write_jobs,
-            max_chunks=options.queue_chunks,
-            max_bytes=options.queue_bytes,
-            max_batch=1,
-            num_threads=min(options.threads, 4),
+            CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s),
+            QueueLimits(options.queue_chunks, options.queue_bytes, 1, min(options.threads, 4)),
         )
 
     @classmethod
@@ -126,19 +119,12 @@ class S3Tier(Tier):
             self._client.create_bucket(Bucket=self.options.bucket)
         self._bucket_checked = True
 
-    # -- reads -----------------------------------------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.contains_many([key])[0]
+    # -- reads (queued chunks are served by the base class) ---------------------------------
+    def _known_stored(self, key: ChunkKey) -> bool:
+        return key in self._known
 
-    def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        found = [k in self._known or self._writer.queued_chunk(k) is not None for k in keys]
-        todo = [keys[i] for i, hit in enumerate(found) if not hit]
-        heads = self._each("contains", todo, self._head) or []
-        present = iter(heads)
-        for i, hit in enumerate(found):
-            if not hit:
-                found[i] = next(present, False)
-        return found
+    def _contains_remote(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        return self._each("contains", keys, self._head) or []
 
     def _head(self, key: ChunkKey) -> bool:
         try:
@@ -148,32 +134,6 @@ class S3Tier(Tier):
                 return False
             raise
         self._known.add(key)
-        return True
-
-    def get(self, key: ChunkKey) -> torch.Tensor | None:
-        queued = self._writer.queued_chunk(key)
-        if queued is not None:
-            self._metrics.hit(queued.numel() * queued.element_size())
-            return queued
-        return self._read([key], [None])[0]
-
-    def get_into(self, key: ChunkKey, out: torch.Tensor) -> bool:
-        return self.get_many_into([key], [out])[0]
-
-    def get_many_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
-        loaded = [self._copy_queued(k, o) for k, o in zip(keys, outs, strict=True)]
-        todo = [i for i, hit in enumerate(loaded) if not hit]
-        got = self._read([keys[i] for i in todo], [outs[i] for i in todo])
-        for i, chunk in zip(todo, got, strict=True):
-            loaded[i] = chunk is not None
-        return loaded
-
-    def _copy_queued(self, key: ChunkKey, out: torch.Tensor) -> bool:
-        queued = self._writer.queued_chunk(key)
-        if queued is None or queued.dtype != out.dtype or queued.shape != out.shape:
-            return False
-        out.copy_(queued)
-        self._metrics.hit(queued.numel() * queued.element_size())
         return True
 
     def _read(
@@ -245,20 +205,10 @@ class S3Tier(Tier):
         self._client.delete_object(Bucket=self.options.bucket, Key=self._name(key))
         self._emit(TierEvent("removed", self.name, key, reason="corrupt"))
 
-    # -- writes ----------------------------------------------------------------------------
-    def put(self, key: ChunkKey, chunk: torch.Tensor) -> bool:
-        if self._breaker.state == "open" or not self._writer.submit(key, chunk):
-            self._metrics.dropped()
-            return False
-        return True
-
+    # -- writes (queued by the base class) -------------------------------------------------
     def _write_jobs(self, jobs: list[WriteJob]) -> None:
         written = self._each("put", jobs, self._write_one)
-        for job, ok in zip(jobs, written or [False] * len(jobs), strict=True):
-            if ok:
-                self._emit(TierEvent("stored", self.name, job.key))
-            else:
-                self._metrics.dropped()
+        self._settle_writes([job.key for job in jobs], written or [False] * len(jobs))
 
     def _write_one(self, job: WriteJob) -> bool:
         key, chunk = job
@@ -275,12 +225,8 @@ class S3Tier(Tier):
         self._known.add(key)
         return True
 
-    def remove(self, key: ChunkKey) -> bool:
-        queued = self._writer.discard(key)
-        existed = (self._each("remove", [key], self._delete) or [False])[0]
-        if queued or existed:
-            self._emit(TierEvent("removed", self.name, key, reason="removed"))
-        return queued or existed
+    def _delete_stored(self, keys: Sequence[ChunkKey]) -> bool:
+        return any(self._each("remove", keys, self._delete) or [])
 
     def _delete(self, key: ChunkKey) -> bool:
         existed = self._head(key)
@@ -303,17 +249,7 @@ class S3Tier(Tier):
                     except ValueError:
                         continue
 
-    def flush(self, timeout_s: float | None = None) -> bool:
-        return self._writer.flush(timeout_s)
-
     def close(self) -> None:
         self._writer.close()
         self._keys_pool.shutdown(wait=True)
         self._range_pool.shutdown(wait=True)
-
-    def stats(self) -> TierStats:
-        stats = self._metrics.snapshot(0, 0, 0)
-        stats.extra["queued_writes"] = float(self._writer.num_queued)
-        stats.extra["breaker_trips"] = float(self._breaker.trips)
-        stats.extra["breaker_open"] = float(self._breaker.state != "closed")
-        return stats
