@@ -14,7 +14,7 @@ from kvstack.index.cluster import attach_cluster
 from kvstack.index.config import AnnounceConfig, IndexConfig, PeerServerConfig
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv import KVCache
-from tests.kv.tiers_remote.servers import RedisServer
+from tests.kv.tiers.remote.servers import RedisServer
 
 TOKENS = list(range(64))
 

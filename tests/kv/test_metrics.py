@@ -14,7 +14,7 @@ from kvstack.kv.format import HEADER_BYTES
 from kvstack.kv.tiers.cpu.tier import CPUTier
 from kvstack.kv.tiers.file import chunkfile
 from kvstack.kv.tiers.file.tier import FileTier
-from tests.kv.tier_contract import SHAPE, chunk, key
+from tests.kv.tiers.tier_contract import SHAPE, chunk, key
 
 CHUNK_BYTES = 2048
 

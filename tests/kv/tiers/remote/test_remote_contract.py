@@ -1,4 +1,4 @@
-"""The tier contract (tests/kv/tier_contract.py) over the remote tiers, on real servers.
+"""The tier contract (tests/kv/tiers/tier_contract.py) over the remote tiers, on real servers.
 
 Remote stores do not know how many entries or bytes they hold for this tier, so the stats test
 checks the counters they do keep."""
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from kvstack.kv.tiers import Tier, make_tier
-from tests.kv.tier_contract import TierContract, chunk, key, stored
-from tests.kv.tiers_remote.servers import MotoS3, RedisCluster, RedisServer
+from tests.kv.tiers.remote.servers import MotoS3, RedisCluster, RedisServer
+from tests.kv.tiers.tier_contract import TierContract, chunk, key, stored
 
 
 @pytest.fixture(params=["redis", "redis-zstd", "redis-cluster", "s3"])

@@ -11,7 +11,7 @@ import torch
 from kvstack.errors import ConfigError
 from kvstack.kv.tiers import TierEvent, make_tier
 from kvstack.kv.tiers.cpu.tier import CPUTier
-from tests.kv.tier_contract import chunk, key
+from tests.kv.tiers.tier_contract import chunk, key
 
 CHUNK_BYTES = 2 * 2 * 16 * 2 * 8 * 2  # SHAPE in float16 = 2 KiB
 

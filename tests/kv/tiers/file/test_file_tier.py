@@ -17,7 +17,7 @@ from kvstack.kv.format import HEADER_BYTES
 from kvstack.kv.tiers import TierEvent, make_tier
 from kvstack.kv.tiers.file import chunkfile
 from kvstack.kv.tiers.file.tier import FileTier
-from tests.kv.tier_contract import SHAPE, chunk, key
+from tests.kv.tiers.tier_contract import SHAPE, chunk, key
 
 FILE_BYTES = HEADER_BYTES + 2 * 2 * 16 * 2 * 8 * 2
 

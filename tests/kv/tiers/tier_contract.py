@@ -1,8 +1,8 @@
 """The contract every :class:`~kvstack.kv.tiers.Tier` keeps (see ``kvstack/kv/tiers/base.py``).
 
 ``TierContract`` is a mixin of tests over a ``tier`` fixture (a fresh, empty tier of at least
-16 MiB, closed afterwards). ``tests/kv/test_tier_contract.py`` runs it over every factory in
-``tests/kv/conftest.py``; a test module elsewhere can also subclass it with its own fixture.
+16 MiB, closed afterwards). ``tests/kv/tiers/test_tier_contract.py`` runs it over every factory in
+``tests/kv/tiers/conftest.py``; a test module elsewhere can also subclass it with its own fixture.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from kvstack.kv import KVCache
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from kvstack.kv.tiers import TierEvent, make_tier
 from kvstack.kv.tiers.s3.tier import S3Tier
-from tests.kv.tiers_remote.servers import MotoS3
+from tests.kv.tiers.remote.servers import MotoS3
 
 pytestmark = pytest.mark.s3
 

@@ -17,7 +17,7 @@ from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from kvstack.kv.tiers import TierEvent, make_tier
 from kvstack.kv.tiers.redis import redis_io
 from kvstack.kv.tiers.redis.tier import RedisTier
-from tests.kv.tiers_remote.servers import RedisServer
+from tests.kv.tiers.remote.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 

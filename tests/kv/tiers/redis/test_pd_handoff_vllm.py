@@ -21,7 +21,7 @@ from kvstack.stack.procs import ManagedProcess
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
 from tests.conftest import free_port
 from tests.e2e.engines import complete, metric_total, wait_metric
-from tests.kv.tiers_remote.servers import RedisServer
+from tests.kv.tiers.remote.servers import RedisServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.redis, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvstack.kv import KVCache
-from tests.kv.tiers_remote.servers import RedisServer
+from tests.kv.tiers.remote.servers import RedisServer
 
 pytestmark = pytest.mark.redis
 

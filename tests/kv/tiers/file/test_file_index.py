@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvstack.kv.tiers.file.file_index import FileIndex
-from tests.kv.tier_contract import key
+from tests.kv.tiers.tier_contract import key
 
 NO_DELETE = lambda _key: None  # noqa: E731 - a commit that is not cancelled deletes nothing
 
