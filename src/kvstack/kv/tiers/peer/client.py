@@ -3,15 +3,16 @@
 Payloads are received with ``recv_into`` straight into the caller's tensors and verified
 against the header's checksum before they count as hits. A damaged payload is a miss on an
 intact connection; a damaged header (its lengths cannot be trusted) or any socket error raises,
-and the connection is discarded. Connections are pooled per server.
+and the connection is discarded. Connections are pooled per server
+(:class:`~kvstack.kv.tiers.remote.pool.SocketPool`, as the Redis tier's are).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Executor
 
 from kvstack.errors import ChunkFormatError
@@ -29,6 +30,7 @@ from kvstack.kv.tiers.remote.codec import (
     settle,
     tensor_for,
 )
+from kvstack.kv.tiers.remote.pool import SocketPool
 
 __all__ = ["PeerClient", "parse_address"]
 
@@ -86,29 +88,11 @@ class PeerClient:
         self._target = parse_address(address)
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
-        self.max_idle = max_idle
-        self._idle: list[_Connection] = []
-        self._lock = threading.Lock()
-
-    @contextlib.contextmanager
-    def _connection(self) -> Iterator[_Connection]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = _Connection(self._target, self.connect_timeout_s, self.timeout_s)
-        try:
-            yield conn
-        except BaseException:
-            conn.close()
-            raise
-        with self._lock:
-            if len(self._idle) < self.max_idle:
-                self._idle.append(conn)
-                return
-        conn.close()
+        connect = functools.partial(_Connection, self._target, connect_timeout_s, timeout_s)
+        self._pool = SocketPool(connect, max_idle)
 
     def lookup(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        with self._connection() as conn:
+        with self._pool.connection() as conn:
             conn.send(p.pack_request(p.LOOKUP, list(keys)))
             answer = self._answer(conn, len(keys))
             if answer.status != p.OK:
@@ -123,7 +107,7 @@ class PeerClient:
     ) -> list[ReadResult] | None:
         """Read chunks into ``outs`` (a new tensor where None); None if the server is busy.
         Checksums run on ``verifier`` while the next chunk arrives, when one is given."""
-        with self._connection() as conn:
+        with self._pool.connection() as conn:
             conn.send(p.pack_request(p.GET, list(keys)))
             if self._answer(conn, len(keys)).status == p.BUSY:
                 return None
@@ -158,7 +142,5 @@ class PeerClient:
         return finish_later(verifier, header, target, tensor)
 
     def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
+        """Close idle connections now, and each one in use when its call ends."""
+        self._pool.close()

@@ -2,11 +2,13 @@
 
 The cluster slot map comes from ``CLUSTER SLOTS`` on any reachable node (seed first) and is
 refreshed after a ``MOVED`` reply (at most once per ``refresh_interval_s``); slots are computed
-with redis-py's CRC16 (``redis.crc.key_slot``). Connections to each node are pooled.
+with redis-py's CRC16 (``redis.crc.key_slot``). Connections to each node are pooled
+(:class:`~kvstack.kv.tiers.remote.pool.SocketPool`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -14,13 +16,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from kvstack.errors import TierError
-from kvstack.kv.tiers.redis.resp import (
-    RespConnection,
-    RespError,
-    RespPool,
-    RespSettings,
-    pack_command,
-)
+from kvstack.kv.tiers.redis.resp import RespConnection, RespError, RespSettings, pack_command
+from kvstack.kv.tiers.remote.pool import SocketPool
 
 __all__ = ["NodeAddress", "RedisNodes"]
 
@@ -50,16 +47,16 @@ class RedisNodes:
         self.max_idle = max_idle
         self.refresh_interval_s = refresh_interval_s
         self._lock = threading.Lock()
-        self._pools: dict[NodeAddress, RespPool] = {}
+        self._pools: dict[NodeAddress, SocketPool[RespConnection]] = {}
         self._slots: list[NodeAddress] | None = None
         self._refreshed_at = float("-inf")
 
-    def pool(self, address: NodeAddress) -> RespPool:
+    def pool(self, address: NodeAddress) -> SocketPool[RespConnection]:
         with self._lock:
             pool = self._pools.get(address)
             if pool is None:
-                pool = RespPool(address.host, address.port, self.settings, self.max_idle)
-                self._pools[address] = pool
+                connect = functools.partial(RespConnection, *address, self.settings)
+                pool = self._pools[address] = SocketPool(connect, self.max_idle)
             return pool
 
     def group(self, names: Sequence[bytes]) -> dict[NodeAddress, list[int]]:

@@ -6,7 +6,8 @@ with ``recv_into`` straight into the caller's tensor, and large values are sent 
 buffers, so the only copies are the kernel's. Everything else (pipelined small commands, AUTH,
 SELECT, TLS) is plain RESP2, which Redis and Valkey both speak.
 
-Not thread-safe per connection; :class:`RespPool` hands each thread its own connection.
+Not thread-safe per connection; a :class:`~kvstack.kv.tiers.remote.pool.SocketPool` per node
+(:mod:`.redis_nodes`) hands each thread its own connection.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
 from kvstack.errors import TierError
 
-__all__ = ["RespConnection", "RespError", "RespPool", "RespSettings", "pack_command"]
+__all__ = ["RespConnection", "RespError", "RespSettings", "pack_command"]
 
 Arg = bytes | str | int
 _READ_BYTES = 256 * 1024
@@ -193,40 +193,3 @@ class RespConnection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
-
-
-class RespPool:
-    """Idle connections to one node, reused across calls; a connection that saw an error is
-    closed instead of returned (its stream position is unknown)."""
-
-    def __init__(self, host: str, port: int, settings: RespSettings, max_idle: int = 8) -> None:
-        self.host, self.port = host, port
-        self.settings = settings
-        self.max_idle = max_idle
-        self._idle: list[RespConnection] = []
-        self._lock = threading.Lock()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def connection(self) -> Iterator[RespConnection]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            conn = RespConnection(self.host, self.port, self.settings)
-        try:
-            yield conn
-        except BaseException:
-            conn.close()
-            raise
-        with self._lock:
-            if self._closed or len(self._idle) >= self.max_idle:
-                conn.close()
-            else:
-                self._idle.append(conn)
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            idle, self._idle = self._idle, []
-        for conn in idle:
-            conn.close()
