@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from kvstack.index.config import PeerServerConfig
+from kvstack.cluster.config import PeerServerConfig
+from kvstack.cluster.peer_server import PeerServer
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
-from kvstack.kv.peer.server import PeerServer
 from kvstack.kv.tiers.cpu.tier import CPUTier
 from kvstack.kv.tiers.peer import protocol
 from kvstack.kv.tiers.peer.client import PeerClient

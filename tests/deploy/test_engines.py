@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from kvstack.cluster.config import IndexConfig
 from kvstack.config import load_config, load_section
 from kvstack.deploy.chart import Manifest
-from kvstack.index.config import IndexConfig
 from kvstack.integrations.settings import split_extra_config
 from kvstack.kv.tiers.base import parse_tier_url
 from kvstack.kv.tiers.redis.redis_url import parse_redis_url

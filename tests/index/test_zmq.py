@@ -17,9 +17,10 @@ import zmq
 import zmq.asyncio
 from prometheus_client import REGISTRY
 
+from kvstack.cluster.config import AnnounceConfig
 from kvstack.errors import ConfigError, IndexServiceError, IndexTimeoutError
 from kvstack.index.client import AsyncIndexClient, IndexClient, lookup_request
-from kvstack.index.config import AnnounceConfig, IndexServiceConfig
+from kvstack.index.config import IndexServiceConfig
 from kvstack.index.operations import Operation
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, LookupReply, LookupRequest, TierInfo
 from kvstack.index.runner import IndexServerThread

@@ -76,8 +76,8 @@ def _lender(ready: Connection, chunk_shape: tuple[int, ...], num_chunks: int) ->
 
     import torch
 
-    from kvstack.index.config import PeerServerConfig
-    from kvstack.kv.peer.server import PeerServer
+    from kvstack.cluster.config import PeerServerConfig
+    from kvstack.cluster.peer_server import PeerServer
     from kvstack.kv.tiers.cpu.tier import CPUTier
 
     chunk_bytes = int(torch.Size(chunk_shape).numel()) * 2

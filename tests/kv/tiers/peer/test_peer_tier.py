@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvstack.index.announcer import Announcer
-from kvstack.index.config import AnnounceConfig, IndexServiceConfig, PeerServerConfig
+from kvstack.cluster.announcer import Announcer
+from kvstack.cluster.config import AnnounceConfig, PeerServerConfig
+from kvstack.cluster.peer_server import PeerServer
+from kvstack.index.config import IndexServiceConfig
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv import KVCache
-from kvstack.kv.peer.server import PeerServer
 from kvstack.kv.tiers.peer.client import PeerClient
 from kvstack.stack.procs import ManagedProcess
 from tests.conftest import free_port

@@ -1,7 +1,8 @@
 """``peer://`` — fetch chunks from other engines' CPU and disk tiers.
 
 ``peer://?index=http://index:8300&self=engine-a`` asks the cluster index which engines hold
-each chunk (``POST /locate``, excluding ``self``); ``peer://10.0.0.7:8400,10.0.0.8:8400`` asks
+each chunk (``POST /locate``, excluding ``self``; through the :mod:`.locator` seam, answered by
+:mod:`kvstack.cluster.locator`); ``peer://10.0.0.7:8400,10.0.0.8:8400`` asks
 a static list of peer servers instead. Answers are remembered for ``locate_ttl_s``, so the
 cache's ``contains`` and the following ``get`` cost one round trip to the index, not two.
 
@@ -32,6 +33,7 @@ from kvstack.kv.tensors import torch
 from kvstack.kv.tiers.base import Tier, TierStats, TierURL
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.peer.client import PeerClient, parse_address
+from kvstack.kv.tiers.peer.locator import PeerLocator, default_instance_id, make_locator
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.remote.codec import ReadResult
 from kvstack.kv.tiers.remote.options import pop_float, pop_int
@@ -71,11 +73,7 @@ class PeerTier(Tier):
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.locate_ttl_s = locate_ttl_s
         self._breaker_args = (breaker_failures, breaker_reset_s)
-        self._index: Any = None
-        if index_url:
-            from kvstack.index.client import IndexClient
-
-            self._index = IndexClient(index_url, timeout_s)
+        self._locator = make_locator("index", index_url, timeout_s) if index_url else None
         self._index_breaker = CircuitBreaker(f"{name}-index", *self._breaker_args)
         self._clients: dict[str, tuple[PeerClient, CircuitBreaker]] = {}
         self._located: OrderedDict[ChunkKey, tuple[float, list[str]]] = OrderedDict()
@@ -86,8 +84,6 @@ class PeerTier(Tier):
 
     @classmethod
     def from_url(cls, url: TierURL, name: str = "peer") -> PeerTier:
-        from kvstack.index.announcer import default_instance_id
-
         tier = cls(
             index_url=url.pop("index") or "",
             peers=[p for p in url.netloc.split(",") if p],
@@ -118,7 +114,8 @@ class PeerTier(Tier):
         with self._lock:
             cached = {k: v[1] for k in keys if (v := self._located.get(k)) and v[0] > now}
         fresh = [k for k in dict.fromkeys(keys) if k not in cached]
-        found = self._ask_index(fresh) if self._index is not None else self._ask_peers(fresh)
+        locator = self._locator
+        found = self._ask_peers(fresh) if locator is None else self._ask_index(locator, fresh)
         with self._lock:
             for key, holders in found.items():
                 self._located[key] = (now + self.locate_ttl_s, holders)
@@ -128,20 +125,17 @@ class PeerTier(Tier):
         found.update(cached)
         return [found.get(k, []) for k in keys]
 
-    def _ask_index(self, keys: list[ChunkKey]) -> dict[ChunkKey, list[str]]:
+    def _ask_index(self, locator: PeerLocator, keys: list[ChunkKey]) -> dict[ChunkKey, list[str]]:
         if not keys or not self._index_breaker.allow():
             return {}
         try:
-            reply = self._index.locate(keys, exclude=self.self_id)
+            holders = locator.locate(keys, exclude=self.self_id)
         except Exception as exc:  # httpx errors, HTTP status, a dead index: all a miss
             self._index_breaker.failure(exc)
             self._metrics.error("locate")
             return {}
         self._index_breaker.success()
-        return {
-            key: [reply.addresses[i] for i in holders]
-            for key, holders in zip(keys, reply.holders, strict=True)
-        }
+        return dict(zip(keys, holders, strict=True))
 
     def _ask_peers(self, keys: list[ChunkKey]) -> dict[ChunkKey, list[str]]:
         found: dict[ChunkKey, list[str]] = {k: [] for k in keys}
@@ -252,5 +246,5 @@ class PeerTier(Tier):
         for client in clients:
             client.close()
         self._verify.shutdown(wait=True)
-        if self._index is not None:
-            self._index.close()
+        if self._locator is not None:
+            self._locator.close()

@@ -4,6 +4,11 @@
 
 Flags override the ``index.service`` section of the YAML file named by ``KVSTACK_CONFIG`` and
 ``KVSTACK_INDEX_SERVICE__*`` environment variables.
+
+It lives in :mod:`kvstack.cluster`, not beside the server in :mod:`kvstack.index`, because it
+validates the whole ``index`` section (:class:`~kvstack.cluster.config.IndexConfig`: a config
+file's ``index`` section carries ``announce`` and ``peer`` for the engines too); the server
+itself takes only ``index.service``.
 """
 
 from __future__ import annotations
@@ -11,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
-from kvstack.index.config import IndexConfig
 from kvstack.section import load_section, log_config_once
 
 __all__ = ["run"]

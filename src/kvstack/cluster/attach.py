@@ -1,6 +1,6 @@
 """attach_cluster: what one engine runs to share KV across the cluster, from the ``index``
-config section — a :class:`~kvstack.kv.peer.server.PeerServer` lending its local tiers (when
-``index.peer.enabled``) and an :class:`~kvstack.index.announcer.Announcer` reporting its chunks
+config section — a :class:`~kvstack.cluster.peer_server.PeerServer` lending its local tiers (when
+``index.peer.enabled``) and an :class:`~kvstack.cluster.announcer.Announcer` reporting its chunks
 and its peer address to the index service (when ``index.announce.index_url`` is set)::
 
     link = attach_cluster(cache, load_section("index", IndexConfig), instance_id=engine_id)
@@ -18,12 +18,12 @@ import logging
 import socket
 from typing import TYPE_CHECKING
 
-from kvstack.index.announcer import Announcer
-from kvstack.index.config import IndexConfig
+from kvstack.cluster.announcer import Announcer
+from kvstack.cluster.config import IndexConfig
 
 if TYPE_CHECKING:
+    from kvstack.cluster.peer_server import PeerServer
     from kvstack.kv.cache import KVCache
-    from kvstack.kv.peer.server import PeerServer
 
 __all__ = ["ClusterLink", "attach_cluster"]
 
@@ -61,7 +61,7 @@ def attach_cluster(
     server = None
     announce = config.announce
     if config.peer.enabled:
-        from kvstack.kv.peer.server import PeerServer
+        from kvstack.cluster.peer_server import PeerServer
 
         peer = config.peer
         if peer.port:

@@ -15,8 +15,8 @@ import asyncio
 import logging
 import sys
 
+from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
-from kvstack.index.config import IndexConfig
 from kvstack.section import load_section, log_config_once
 
 __all__ = ["run"]
@@ -47,7 +47,7 @@ def run(command: str, argv: list[str]) -> int:
         print(f"kvstack {command}: {exc}", file=sys.stderr)
         return 2
     log_config_once("index.peer", index.peer)
-    from kvstack.kv.peer.server import PeerServer
+    from kvstack.cluster.peer_server import PeerServer
 
     with KVCache.from_config(kv) as cache:
         server = PeerServer.for_cache(cache, index.peer)

@@ -13,23 +13,22 @@ in memory and sent from a thread of its own.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
+from kvstack.cluster.config import AnnounceConfig
 from kvstack.index.client import IndexClient
-from kvstack.index.config import AnnounceConfig
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.tiers.peer.locator import default_instance_id
 from kvstack.log import IncidentLogger
 
 if TYPE_CHECKING:
     from kvstack.kv.cache import KVCache
     from kvstack.kv.tiers.base import Tier, TierEvent
 
-__all__ = ["Announcer", "ListsKeys", "default_instance_id"]
+__all__ = ["Announcer", "ListsKeys"]
 
 log = logging.getLogger(__name__)
 NOT_ANNOUNCED = ("peer",)  # tiers that read other engines' chunks hold nothing themselves
@@ -38,10 +37,6 @@ NOT_ANNOUNCED = ("peer",)  # tiers that read other engines' chunks hold nothing 
 @runtime_checkable
 class ListsKeys(Protocol):
     def keys(self) -> Iterator[ChunkKey]: ...
-
-
-def default_instance_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def key_profile(cache: KVCache) -> KeyProfile:

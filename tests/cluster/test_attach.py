@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
+from kvstack.cluster.attach import attach_cluster
+from kvstack.cluster.config import AnnounceConfig, IndexConfig, PeerServerConfig
 from kvstack.index.client import IndexClient, lookup_request
-from kvstack.index.cluster import attach_cluster
-from kvstack.index.config import AnnounceConfig, IndexConfig, PeerServerConfig
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv import KVCache
 from tests.kv.tiers.remote.servers import RedisServer

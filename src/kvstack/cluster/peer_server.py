@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvstack.index.config import PeerServerConfig
+from kvstack.cluster.config import PeerServerConfig
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.format import encode_header
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
