@@ -28,24 +28,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvstack.errors import ChunkFormatError, ConfigError
-from kvstack.kv.format import COMPRESSIONS, DTYPES, HEADER_BYTES, compress, encode_header
+from kvstack.kv.format import DTYPES, HEADER_BYTES, compress, encode_header
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, dtype_name, torch, torch_dtype
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
 from kvstack.kv.tiers.file import chunkfile
 from kvstack.kv.tiers.file.file_index import FileIndex
+from kvstack.kv.tiers.file.file_url import check_file_options, parse_file_url
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.writer import BackgroundWriter, CancelOutcome, WriteJob
 from kvstack.log import IncidentLogger
-from kvstack.section import parse_size
 
 __all__ = ["FileTier"]
 
 log = logging.getLogger(__name__)
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").lower() in ("1", "true", "yes", "on")
 
 
 class FileTier(Tier):
@@ -65,7 +61,7 @@ class FileTier(Tier):
         name: str = "file",
     ) -> None:
         super().__init__(name)
-        _check_params(capacity_bytes, queue_depth, queue_bytes, compression)
+        check_file_options(capacity_bytes, queue_depth, queue_bytes, compression)
         self.root = Path(root)
         self._root = str(self.root)
         self.capacity_bytes = capacity_bytes
@@ -92,21 +88,12 @@ class FileTier(Tier):
 
     @classmethod
     def from_url(cls, url: TierURL, name: str = "file") -> FileTier:
-        if url.netloc not in ("", "localhost") or not url.path or url.path == "/":
-            raise ConfigError(
-                f"file tier URL {url.url!r} needs an absolute directory, e.g. file:///var/kv"
-            )
-        size = parse_size(url.pop("size", "10GiB") or "10GiB", "file tier size")
-        params = dict(
-            fsync=_truthy(url.pop("fsync", "false")),
-            queue_depth=_positive_int(url.pop("queue", "64") or "64", "file tier queue"),
-            queue_bytes=parse_size(url.pop("queue_size", "1GiB") or "1GiB", "file tier queue_size"),
-            compression=url.pop("compression", "none") or "none",
-            level=_positive_int(url.pop("level", "1") or "1", "file tier compression level"),
-            policy=url.pop("policy", "lru") or "lru",
-        )
-        url.reject_unknown()
-        return cls(url.path, size, name=name, **params)  # type: ignore[arg-type]
+        o = parse_file_url(url)
+        return cls(
+            o.root, o.capacity_bytes, fsync=o.fsync, queue_depth=o.queue_depth,
+            queue_bytes=o.queue_bytes, compression=o.compression, level=o.level, policy=o.policy,
+            name=name,
+        )  # fmt: skip
 
     def _path(self, key: ChunkKey) -> str:
         hexkey = key.hex()  # a plain string: pathlib costs more than the read of a small chunk
@@ -356,15 +343,6 @@ class FileTier(Tier):
         assert not tmp, f"temporary files left behind: {tmp}"
 
 
-def _check_params(capacity: int, queue_depth: int, queue_bytes: int, compression: str) -> None:
-    if capacity <= 0:
-        raise ConfigError(f"file tier size must be > 0 bytes, got {capacity}")
-    if queue_depth <= 0 or queue_bytes <= 0:
-        raise ConfigError(f"file tier queue bounds must be > 0, got {queue_depth}, {queue_bytes}")
-    if compression not in COMPRESSIONS:
-        raise ConfigError(f"unknown compression {compression!r}; known: {', '.join(COMPRESSIONS)}")
-
-
 def _file_size(path: str) -> int | None:
     try:
         return os.stat(path).st_size
@@ -377,9 +355,3 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def _positive_int(text: str, what: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise ConfigError(f"{what} must be a positive integer, got {text!r}")
-    return int(text)
