@@ -30,7 +30,7 @@ from kvstack.kv.tiers.redis.redis_url import RedisOptions, parse_redis_url
 from kvstack.kv.tiers.redis.resp import RespConnection, pack_command
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.remote.codec import ReadResult, encode_chunk
-from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, QueueLimits
+from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, WriteQueueLimits
 from kvstack.kv.tiers.writer import WriteJob
 from kvstack.log import IncidentLogger
 
@@ -56,7 +56,7 @@ class RedisTier(QueuedRemoteTier):
         super().__init__(
             name,
             CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s),
-            QueueLimits(options.queue_chunks, options.queue_bytes, options.write_batch),
+            WriteQueueLimits(options.queue_chunks, options.queue_bytes, options.write_batch),
         )
 
     @classmethod

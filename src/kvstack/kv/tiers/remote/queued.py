@@ -28,10 +28,10 @@ from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.writer import BackgroundWriter, CancelOutcome, WriteJob
 
-__all__ = ["QueueLimits", "QueuedRemoteTier"]
+__all__ = ["QueuedRemoteTier", "WriteQueueLimits"]
 
 
-class QueueLimits(NamedTuple):
+class WriteQueueLimits(NamedTuple):
     max_chunks: int
     max_bytes: int
     max_batch: int
@@ -41,7 +41,7 @@ class QueueLimits(NamedTuple):
 class QueuedRemoteTier(Tier):
     shared = True
 
-    def __init__(self, name: str, breaker: CircuitBreaker, limits: QueueLimits) -> None:
+    def __init__(self, name: str, breaker: CircuitBreaker, limits: WriteQueueLimits) -> None:
         super().__init__(name)
         self._breaker = breaker
         self._metrics = TierMetrics(name)

@@ -34,7 +34,7 @@ from kvstack.kv.tiers.remote.codec import (
     tensor_for,
 )
 from kvstack.kv.tiers.remote.known import KnownKeys
-from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, QueueLimits
+from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, WriteQueueLimits
 from kvstack.kv.tiers.s3 import s3_io
 from kvstack.kv.tiers.s3.s3_url import S3Options, parse_s3_url
 from kvstack.kv.tiers.writer import WriteJob
@@ -73,7 +73,7 @@ class S3Tier(QueuedRemoteTier):
         super().__init__(
             name,
             CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s),
-            QueueLimits(options.queue_chunks, options.queue_bytes, 1, min(options.threads, 4)),
+            WriteQueueLimits(options.queue_chunks, options.queue_bytes, 1, min(options.threads, 4)),
         )
 
     @classmethod
