@@ -1,4 +1,5 @@
-"""PeerClient: batched lookup and get against one engine's :class:`PeerServer` (blocking).
+"""PeerClient: batched lookup and get against one engine's peer server (blocking; the server is
+:class:`kvstack.cluster.peer_server.PeerServer`).
 
 Payloads are received with ``recv_into`` straight into the caller's tensors and verified
 against the header's checksum before they count as hits. A damaged payload is a miss on an
