@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import Field
 
 from kvstack.bench.config import BenchConfig
-from kvstack.index.config import IndexConfig
+from kvstack.cluster.config import IndexConfig
 from kvstack.kv.config import KVConfig
 from kvstack.lora.config import LoRAConfig
 from kvstack.router.config import RouterConfig

@@ -14,13 +14,13 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from kvstack.cluster.config import IndexConfig
 from kvstack.config import load_config, load_section
 from kvstack.deploy.chart import ChartManifest
-from kvstack.index.config import IndexConfig
 from kvstack.integrations.settings import split_extra_config
-from kvstack.kv.remote.redis_url import parse_redis_url
-from kvstack.kv.remote.s3_url import parse_s3_url
 from kvstack.kv.tiers.base import parse_tier_url
+from kvstack.kv.tiers.redis.redis_url import parse_redis_url
+from kvstack.kv.tiers.s3.s3_url import parse_s3_url
 from kvstack.router.discovery.kubernetes import pod_backend
 from kvstack.section import parse_size
 from kvstack.stack.vllm_server import connector_config

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvstack.index.radix import Namespace, Owner, OwnerPolicy, Position, RadixIndex
+from kvstack.index.radix import Owner, OwnerPolicy, Position, RadixIndex, RadixNamespace
 
-NS = Namespace("m")
+NS = RadixNamespace("m")
 A, B = Owner("a"), Owner("b")
 
 
@@ -38,9 +38,13 @@ def test_match_is_page_granular_and_per_owner() -> None:
 def test_namespaces_never_share_nodes() -> None:
     t, _ = tree()
     t.insert(NS, [1, 2, 3, 4], A)
-    for other in (Namespace("m", adapter="x"), Namespace("m", salt="s"), Namespace("n")):
+    for other in (
+        RadixNamespace("m", adapter="x"),
+        RadixNamespace("m", salt="s"),
+        RadixNamespace("n"),
+    ):
         assert t.match(other, [1, 2, 3, 4]).matched == {}
-    t.insert(Namespace("m", adapter="x"), [1, 2], B)
+    t.insert(RadixNamespace("m", adapter="x"), [1, 2], B)
     assert t.match(NS, [1, 2]).matched == {A: 2}
     assert t.num_tokens == 6
     t.check_integrity()

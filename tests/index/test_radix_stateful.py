@@ -12,17 +12,24 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from kvstack.index.radix import InsertResult, Namespace, Owner, OwnerPolicy, Position, RadixIndex
+from kvstack.index.radix import (
+    InsertResult,
+    Owner,
+    OwnerPolicy,
+    Position,
+    RadixIndex,
+    RadixNamespace,
+)
 
 PAGE = 2
-NAMESPACES = [Namespace("m"), Namespace("m", adapter="x")]
+NAMESPACES = [RadixNamespace("m"), RadixNamespace("m", adapter="x")]
 OWNERS = [Owner("a"), Owner("b"), Owner("a", "cpu")]
 # A tiny alphabet and short prompts make shared prefixes, splits and divergences common.
 prompts = st.lists(st.integers(0, 2), min_size=0, max_size=12)
 namespaces = st.sampled_from(NAMESPACES)
 owners = st.sampled_from(OWNERS)
 
-Prefix = tuple[Namespace, tuple[int, ...]]
+Prefix = tuple[RadixNamespace, tuple[int, ...]]
 
 
 class Clock:
@@ -46,9 +53,9 @@ class ExactRadix(RuleBasedStateMachine):
         self.model: dict[Owner, set[Prefix]] = {o: set() for o in OWNERS}
         self.locks: list[tuple[object, Owner]] = []
         # Positions handed out by inserts: (anchor result, namespace, the path's tokens).
-        self.anchors: list[tuple[InsertResult, Namespace, list[int]]] = []
+        self.anchors: list[tuple[InsertResult, RadixNamespace, list[int]]] = []
 
-    def model_match(self, ns: Namespace, tokens: list[int], owner: Owner) -> int:
+    def model_match(self, ns: RadixNamespace, tokens: list[int], owner: Owner) -> int:
         best = 0
         for end in range(PAGE, len(tokens) + 1, PAGE):
             if (ns, tuple(tokens[:end])) not in self.model[owner]:
@@ -57,7 +64,7 @@ class ExactRadix(RuleBasedStateMachine):
         return best
 
     @rule(ns=namespaces, tokens=prompts, owner=owners, lock=st.booleans())
-    def insert(self, ns: Namespace, tokens: list[int], owner: Owner, lock: bool) -> None:
+    def insert(self, ns: RadixNamespace, tokens: list[int], owner: Owner, lock: bool) -> None:
         self.clock.now += 1
         result = self.tree.insert(ns, tokens, owner, lock=lock)
         self.model_insert(ns, tokens, owner)
@@ -66,11 +73,11 @@ class ExactRadix(RuleBasedStateMachine):
         if result.end is not None:
             self.anchors.append((result, ns, tokens[: result.depth]))
 
-    def model_insert(self, ns: Namespace, tokens: list[int], owner: Owner) -> None:
+    def model_insert(self, ns: RadixNamespace, tokens: list[int], owner: Owner) -> None:
         for end in range(PAGE, len(tokens) - len(tokens) % PAGE + 1, PAGE):
             self.model[owner].add((ns, tuple(tokens[:end])))
 
-    def model_remove(self, ns: Namespace, tokens: list[int], owner: Owner, start: int) -> None:
+    def model_remove(self, ns: RadixNamespace, tokens: list[int], owner: Owner, start: int) -> None:
         start -= start % PAGE
         cut = (ns, tuple(tokens[: start + PAGE]))
         if len(cut[1]) == start + PAGE and cut in self.model[owner]:
@@ -117,7 +124,7 @@ class ExactRadix(RuleBasedStateMachine):
             self.tree.unlock(handle, owner)  # type: ignore[arg-type]
 
     @rule(ns=namespaces, tokens=prompts, owner=owners, start=st.integers(0, 10))
-    def remove(self, ns: Namespace, tokens: list[int], owner: Owner, start: int) -> None:
+    def remove(self, ns: RadixNamespace, tokens: list[int], owner: Owner, start: int) -> None:
         self.tree.remove(ns, tokens, owner, start)
         self.model_remove(ns, tokens, owner, start)
 
@@ -128,7 +135,7 @@ class ExactRadix(RuleBasedStateMachine):
         self.locks = [(h, o) for h, o in self.locks if o != owner]
 
     @rule(ns=namespaces, tokens=prompts)
-    def match(self, ns: Namespace, tokens: list[int]) -> None:
+    def match(self, ns: RadixNamespace, tokens: list[int]) -> None:
         got = self.tree.match(ns, tokens)
         for owner in OWNERS:
             self.compare(got.tokens(owner), self.model_match(ns, tokens, owner))

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import torch
 
-from kvstack.index.announcer import Announcer
+from kvstack.cluster.announcer import Announcer
+from kvstack.cluster.config import AnnounceConfig
 from kvstack.index.client import IndexClient, lookup_request
-from kvstack.index.config import AnnounceConfig
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv import KVCache
 

@@ -17,12 +17,13 @@ import zmq
 import zmq.asyncio
 from prometheus_client import REGISTRY
 
+from kvstack.cluster.config import AnnounceConfig
 from kvstack.errors import ConfigError, IndexServiceError, IndexTimeoutError
 from kvstack.index.client import AsyncIndexClient, IndexClient, lookup_request
-from kvstack.index.config import AnnounceConfig, IndexServiceConfig
-from kvstack.index.protocol import EventBatch, KeyProfile, LookupReply, LookupRequest, TierInfo
+from kvstack.index.config import IndexServiceConfig
+from kvstack.index.operations import Operation
+from kvstack.index.protocol import AnnounceBatch, KeyProfile, LookupReply, LookupRequest, TierInfo
 from kvstack.index.runner import IndexServerThread
-from kvstack.index.service import Operation
 from kvstack.index.zmq_server import ZmqServer
 from kvstack.kv.keys import Namespace, chunk_keys
 from kvstack.router.config_scheduling import PrefixConfig
@@ -55,7 +56,7 @@ def zmq_url(server: IndexServerThread) -> str:
 
 
 def report(client: IndexClient, instance: str, stored: dict[str, list[bytes]]) -> None:
-    batch = EventBatch(
+    batch = AnnounceBatch(
         instance, PROFILE, aliases=["toy"], peer=f"{instance}:8400", tiers=TIERS, reset=True,
         stored=stored,
     )  # fmt: skip
@@ -89,7 +90,7 @@ def test_zmq_answers_as_http(server: IndexServerThread, zmq_url: str) -> None:
         assert over_zmq.locate(KEYS[:4], exclude="b") == over_http.locate(KEYS[:4], exclude="b")
         located = over_zmq.locate(KEYS[:4], exclude="b")
         assert (located.peers, located.addresses, located.holders) == (["a"], ["a:8400"], [[0]] * 4)
-        stale = EventBatch("a", PROFILE, epoch="another-epoch")
+        stale = AnnounceBatch("a", PROFILE, epoch="another-epoch")
         assert over_zmq.report(stale) == over_http.report(stale)
         assert over_zmq.report(stale).resync
     finally:

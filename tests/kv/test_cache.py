@@ -13,7 +13,7 @@ from kvstack.errors import ConfigError, TierError
 from kvstack.kv import KVCache, KVConfig
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers import Tier, TierEvent
-from kvstack.kv.tiers.cpu import CPUTier
+from kvstack.kv.tiers.cpu.tier import CPUTier
 
 C = 4  # tokens per chunk
 LAYERS, HEADS, DIM = 2, 2, 8

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvstack.kv import KVCache
-from kvstack.kv.tiers import chunkfile
+from kvstack.kv.tiers.file import chunkfile
 from tests.kv.test_cache import CHUNK_BYTES, DIM, HEADS, LAYERS, C, kv_for
 
 BASES = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [1, 2, 3, 4, 9, 9, 9, 9], [50] * 16]

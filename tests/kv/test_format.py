@@ -22,7 +22,7 @@ from kvstack.kv.format import (
 )
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, dtype_name, torch_dtype
-from kvstack.kv.tiers import chunkfile
+from kvstack.kv.tiers.file import chunkfile
 
 KEY = ChunkKey(bytes(range(16)))
 OTHER = ChunkKey(bytes(range(1, 17)))

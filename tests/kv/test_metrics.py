@@ -11,10 +11,10 @@ from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstack.kv.format import HEADER_BYTES
-from kvstack.kv.tiers import chunkfile
-from kvstack.kv.tiers.cpu import CPUTier
-from kvstack.kv.tiers.file import FileTier
-from tests.kv.tier_contract import SHAPE, chunk, key
+from kvstack.kv.tiers.cpu.tier import CPUTier
+from kvstack.kv.tiers.file import chunkfile
+from kvstack.kv.tiers.file.tier import FileTier
+from tests.kv.tiers.tier_contract import SHAPE, chunk, key
 
 CHUNK_BYTES = 2048
 

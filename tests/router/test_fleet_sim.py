@@ -19,7 +19,7 @@ import aiohttp
 import pytest
 
 from kvstack.bench.compare.ports import free_port_range
-from kvstack.index.radix import Namespace, Owner
+from kvstack.index.radix import Owner, RadixNamespace
 from kvstack.router.prefix.state import PrefixState
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
@@ -113,7 +113,7 @@ async def test_groups_concentrate_where_their_prefix_is(
         # Precise mode: the engines' own events say where the prefixes are.
         tokens = [int(w[1:]) for w in systems[0].split()]
         holder = next(iter(placed[0]))
-        match = state.index.match(Namespace("sim-model"), tokens)
+        match = state.index.match(RadixNamespace("sim-model"), tokens)
         assert match.tokens(Owner(holder, "gpu")) >= 592
 
 
@@ -143,7 +143,7 @@ async def test_precise_mode_follows_evictions(
         await complete(http, r.url, first)
         await until(lambda: state.is_precise(backend))
         tokens = [int(w[1:]) for w in first.split()]
-        ns = Namespace("sim-model")
+        ns = RadixNamespace("sim-model")
         gpu = Owner(backend, "gpu")
         await until(lambda: state.index.match(ns, tokens).tokens(gpu) >= 992)
         for i in range(6):  # 6,000 more tokens through a 5,120-token cache: the first goes

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from kvstack.index import kv_events
-from kvstack.index.radix import Namespace, Owner, RadixIndex
+from kvstack.index.radix import Owner, RadixIndex, RadixNamespace
 from kvstack.router.prefix.blocks import BlockTracker, EventFormatError
 from kvstack.router.prefix.events import KVEventBatch, decode_batch
 from kvstack.router.prefix.subscriber import EventStream
@@ -19,7 +19,7 @@ from kvstack.sim.events import KVEventPublisher
 from tests.conftest import free_port
 from tests.router.conftest import until
 
-NS = Namespace("m")
+NS = RadixNamespace("m")
 GPU, CPU = Owner("b", "gpu"), Owner("b", "cpu")
 
 

@@ -10,8 +10,8 @@ import pytest
 
 from kvstack.index.client import IndexClient
 from kvstack.index.config import IndexServiceConfig
-from kvstack.index.protocol import EventBatch, KeyProfile, TierInfo
-from kvstack.index.radix import Namespace
+from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
+from kvstack.index.radix import RadixNamespace
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv.keys import Namespace as KeyNamespace
 from kvstack.kv.keys import chunk_keys
@@ -37,7 +37,7 @@ def index_url(request: pytest.FixtureRequest) -> Iterator[str]:
         client = IndexClient(server.url)
         # Engine a holds 6 chunks in its CPU tier; the shared Redis store holds 3.
         client.report(
-            EventBatch("engine-a", profile, tiers=tiers, reset=True,
+            AnnounceBatch("engine-a", profile, tiers=tiers, reset=True,
                        stored={"cpu": keys[:6], "redis": keys[:3]})
         )  # fmt: skip
         client.close()
@@ -55,7 +55,7 @@ async def test_local_and_shared_tiers_per_backend(index_url: str) -> None:
     lookup = SharedTierLookup(PrefixConfig(index_url=index_url, index_timeout_s=5.0))
     await lookup.start()
     try:
-        prompt = PromptTokens([*TOKENS, 1, 2, 3], Namespace("m"), exact=True)
+        prompt = PromptTokens([*TOKENS, 1, 2, 3], RadixNamespace("m"), exact=True)
         hits = await lookup.lookup(prompt, [backend("a", "engine-a"), backend("b")])
     finally:
         await lookup.close()
@@ -75,9 +75,9 @@ async def test_an_unreachable_index_costs_only_the_credit(scheme: str) -> None:
     lookup = SharedTierLookup(PrefixConfig(index_url=dead, index_timeout_s=0.5))
     await lookup.start()
     try:
-        prompt = PromptTokens(TOKENS, Namespace("m"), exact=True)
+        prompt = PromptTokens(TOKENS, RadixNamespace("m"), exact=True)
         assert await lookup.lookup(prompt, [backend("a")]) == {}
-        approximate = PromptTokens(TOKENS, Namespace("chars:m"), exact=False)
+        approximate = PromptTokens(TOKENS, RadixNamespace("chars:m"), exact=False)
         assert await lookup.lookup(approximate, [backend("a")]) == {}
     finally:
         await lookup.close()

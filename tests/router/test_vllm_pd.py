@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from kvstack.index.radix import Namespace, Owner
+from kvstack.index.radix import Owner, RadixNamespace
 from kvstack.lora.config import AdapterEngineSpec, RequestClassBudget
 from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.signing import generate_keypair
@@ -157,7 +157,7 @@ async def _precise_view_covers_prompt(state: PrefixState, backend: str, prompt: 
     gpu = Owner(backend, "gpu")
     full_blocks = len(tokens) // 128 * 128  # vLLM's CPU block size
     await until(lambda: state.is_precise(backend), 30)
-    await until(lambda: state.index.match(Namespace("toy"), tokens).tokens(gpu) >= full_blocks)
+    await until(lambda: state.index.match(RadixNamespace("toy"), tokens).tokens(gpu) >= full_blocks)
     state.index.check_integrity()
 
 

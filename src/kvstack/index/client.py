@@ -21,14 +21,14 @@ import msgspec
 import numpy as np
 
 from kvstack.index.protocol import (
-    EventBatch,
+    AnnounceBatch,
     EventReply,
     LocateReply,
     LocateRequest,
     LookupReply,
     LookupRequest,
 )
-from kvstack.index.wire import SCHEME, check_index_url
+from kvstack.index.urls import SCHEME, check_index_url
 from kvstack.index.zmq_client import AsyncZmqTransport, ZmqTransport
 
 __all__ = ["AsyncIndexClient", "IndexClient", "lookup_request"]
@@ -110,7 +110,7 @@ class IndexClient:
         body = self._transport.call(operation, msgspec.msgpack.encode(message))
         return msgspec.msgpack.decode(body, type=kind)
 
-    def report(self, batch: EventBatch) -> EventReply:
+    def report(self, batch: AnnounceBatch) -> EventReply:
         return self._ask("events", batch, EventReply)
 
     def lookup(self, request: LookupRequest) -> LookupReply:

@@ -1,6 +1,6 @@
 """Messages of the cluster KV index service (msgspec structs; JSON or msgpack on the wire).
 
-Engines report with ``POST /events`` (msgpack :class:`EventBatch`, answered by
+Engines report with ``POST /events`` (msgpack :class:`AnnounceBatch`, answered by
 :class:`EventReply`); routers ask ``POST /lookup`` (:class:`LookupRequest` →
 :class:`LookupReply`); peer tiers ask ``POST /locate`` (:class:`LocateRequest` →
 :class:`LocateReply`). A refused request is answered :class:`ErrorReply`. Chunk keys are raw
@@ -19,8 +19,8 @@ from __future__ import annotations
 import msgspec
 
 __all__ = [
+    "AnnounceBatch",
     "ErrorReply",
-    "EventBatch",
     "EventReply",
     "InstanceMatch",
     "KeyProfile",
@@ -50,7 +50,7 @@ class TierInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     location: str = ""  # shared tiers: the store's identity, the same from every engine
 
 
-class EventBatch(msgspec.Struct, forbid_unknown_fields=True):
+class AnnounceBatch(msgspec.Struct, forbid_unknown_fields=True):
     instance: str
     profile: KeyProfile
     epoch: str = ""  # the index epoch this engine last saw ("" before its first answer)

@@ -1,6 +1,6 @@
 """``RadixIndex``: which owners (backend, tier) hold which token prefixes, page by page.
 
-A radix tree over token ids per :class:`Namespace` (model, LoRA adapter and cache salt never
+A radix tree over token ids per :class:`RadixNamespace` (model, LoRA adapter and cache salt never
 share nodes). Matching is page-granular: only whole pages of ``page_size`` tokens are stored
 and matched, as an engine caches whole blocks. Each node carries the owners holding it, and
 ownership is prefix-closed, so one walk down the tree gives every owner's matched length.
@@ -33,19 +33,20 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from kvstack.index.radix_check import check_integrity
 from kvstack.index.radix_evict import enforce_owner, enforce_total
-from kvstack.index.radix_node import Namespace, Node, Owner, OwnerPolicy
+from kvstack.index.radix_node import Node, Owner, OwnerPolicy, RadixNamespace
 from kvstack.index.radix_tree import Position, TreeCore
 from kvstack.index.radix_walk import page_key
 
 __all__ = [
     "InsertResult",
-    "Namespace",
     "Owner",
     "OwnerPolicy",
     "Position",
     "PrefixMatch",
     "RadixIndex",
+    "RadixNamespace",
 ]
 
 
@@ -99,7 +100,7 @@ class RadixIndex(TreeCore):
         return [o for o, s in self._owners.items() if s.nodes]
 
     # -- queries ---------------------------------------------------------------------------
-    def match(self, ns: Namespace, tokens: Sequence[int]) -> PrefixMatch:
+    def match(self, ns: RadixNamespace, tokens: Sequence[int]) -> PrefixMatch:
         """Every owner's matched prefix of ``tokens`` (whole pages). No side effects."""
         toks = tokens if isinstance(tokens, list) else list(tokens)
         matched: dict[Owner, int] = {}
@@ -126,7 +127,7 @@ class RadixIndex(TreeCore):
 
     # -- updates ---------------------------------------------------------------------------
     def insert(
-        self, ns: Namespace, tokens: Sequence[int], owner: Owner, lock: bool = False
+        self, ns: RadixNamespace, tokens: Sequence[int], owner: Owner, lock: bool = False
     ) -> InsertResult:
         """Record that ``owner`` holds every whole page of ``tokens``; touch its LRU entries.
         With ``lock``, pin the path for ``owner`` until :meth:`unlock`."""
@@ -161,7 +162,9 @@ class RadixIndex(TreeCore):
         end = path[-1]
         return InsertResult(new_tokens, end, end.depth, lock)
 
-    def remove(self, ns: Namespace, tokens: Sequence[int], owner: Owner, start: int = 0) -> int:
+    def remove(
+        self, ns: RadixNamespace, tokens: Sequence[int], owner: Owner, start: int = 0
+    ) -> int:
         """``owner`` no longer holds ``tokens[start:]`` nor anything longer on that path
         (``start`` rounds down to a page; ``tokens`` must reach one page past it). Returns the
         tokens it lost."""
@@ -237,7 +240,5 @@ class RadixIndex(TreeCore):
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken invariant (O(tree))."""
-        from kvstack.index.radix_check import check_integrity
-
         check_integrity(self, self._roots, self._owners)
         assert set(self._root_ns) == set(self._roots.values()), "root map out of sync"

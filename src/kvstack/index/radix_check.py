@@ -1,22 +1,23 @@
-"""``check_integrity`` of a :class:`~kvstack.index.radix.RadixIndex`: every invariant the tree
-relies on, checked from scratch (tests and debugging; O(tree))."""
+"""``check_integrity`` of a radix tree (:class:`~kvstack.index.radix_tree.TreeCore`, the base of
+:class:`~kvstack.index.radix.RadixIndex`): every invariant the tree relies on, checked from
+scratch (tests and debugging; O(tree))."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvstack.index.radix_node import Namespace, Node, Owner, OwnerState
+from kvstack.index.radix_node import Node, Owner, OwnerState, RadixNamespace
 from kvstack.index.radix_walk import page_key
 
 if TYPE_CHECKING:
-    from kvstack.index.radix import RadixIndex
+    from kvstack.index.radix_tree import TreeCore
 
 __all__ = ["check_integrity"]
 
 
 def check_integrity(
-    index: RadixIndex, roots: Mapping[Namespace, Node], owners: Mapping[Owner, OwnerState]
+    index: TreeCore, roots: Mapping[RadixNamespace, Node], owners: Mapping[Owner, OwnerState]
 ) -> None:
     """Raise AssertionError naming the first broken invariant."""
     seen: dict[Owner, list[Node]] = {o: [] for o in owners}
@@ -41,7 +42,7 @@ def check_integrity(
         _check_owner(owner, state, seen[owner])
 
 
-def _check_child(index: RadixIndex, parent: Node, first: tuple[int, ...], child: Node) -> None:
+def _check_child(index: TreeCore, parent: Node, first: tuple[int, ...], child: Node) -> None:
     size = index.page_size
     assert child.parent is parent, f"{child} has the wrong parent"
     assert child.key and len(child.key) % size == 0, f"{child} is not whole pages"

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["HeapEntry", "Namespace", "Node", "Owner", "OwnerPolicy", "OwnerState", "PageKey"]
+__all__ = ["HeapEntry", "Node", "Owner", "OwnerPolicy", "OwnerState", "PageKey", "RadixNamespace"]
 
 PageKey = tuple[int, ...]
 _seq = itertools.count()
@@ -31,7 +31,7 @@ class Owner(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class Namespace:
+class RadixNamespace:
     """Prompts in different namespaces never share nodes: KV computed for another model, LoRA
     adapter or cache salt is not reusable."""
 

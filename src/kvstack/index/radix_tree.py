@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from kvstack.index.radix_node import Namespace, Node, Owner, OwnerPolicy, OwnerState
+from kvstack.index.radix_node import Node, Owner, OwnerPolicy, OwnerState, RadixNamespace
 from kvstack.index.radix_walk import common_prefix, page_key
 
 __all__ = ["Position", "TreeCore"]
@@ -42,8 +42,8 @@ class TreeCore:
         self.max_tokens = max_tokens
         self.default_policy = default_policy or OwnerPolicy()
         self._clock = clock
-        self._roots: dict[Namespace, Node] = {}
-        self._root_ns: dict[Node, Namespace] = {}
+        self._roots: dict[RadixNamespace, Node] = {}
+        self._root_ns: dict[Node, RadixNamespace] = {}
         self._owners: dict[Owner, OwnerState] = {}
         self.num_tokens = 0  # tokens in all nodes (each node counted once)
         self.num_nodes = 0
@@ -54,7 +54,7 @@ class TreeCore:
             state = self._owners[owner] = OwnerState(owner, self.default_policy)
         return state
 
-    def _root(self, ns: Namespace) -> Node:
+    def _root(self, ns: RadixNamespace) -> Node:
         node = self._roots.get(ns)
         if node is None:
             node = self._roots[ns] = Node([], None, 0)

@@ -12,7 +12,7 @@ import uvicorn
 from kvstack.errors import StackError
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.service import build_app
-from kvstack.index.wire import zmq_url
+from kvstack.index.urls import zmq_url
 
 __all__ = ["IndexServerThread", "serve"]
 

@@ -3,7 +3,7 @@
 Routes (bodies are JSON, or msgpack with ``Content-Type: application/msgpack``; answers use the
 request's format):
 
-- ``POST /events`` — an engine's report (:class:`~kvstack.index.protocol.EventBatch`).
+- ``POST /events`` — an engine's report (:class:`~kvstack.index.protocol.AnnounceBatch`).
 - ``POST /lookup`` — per engine and per tier, the matched prefix of a prompt.
 - ``POST /locate`` — which engines lend each chunk (used by ``peer://`` tiers).
 - ``GET /instances``, ``GET /health``, ``GET /metrics``.
@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -31,22 +31,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from kvstack.errors import ConfigError
 from kvstack.index.config import IndexServiceConfig
-from kvstack.index.protocol import EventBatch, LocateRequest, LookupRequest
+from kvstack.index.operations import REFUSED, Operation, count_request
+from kvstack.index.protocol import AnnounceBatch, LocateRequest, LookupRequest
 from kvstack.index.state import IndexState
 from kvstack.metrics import counter, gauge, histogram
 
 if TYPE_CHECKING:
     from kvstack.index.zmq_server import ZmqServer
 
-__all__ = ["REFUSED", "IndexService", "Operation", "build_app", "count_request"]
+__all__ = ["IndexService", "build_app"]
 
 log = logging.getLogger(__name__)
 M = TypeVar("M")
 MSGPACK = "application/msgpack"
 
-_REQUESTS = counter("kvstack_index_requests_total", "Index server requests", ["route", "status"])
 _LOOKUP_S = histogram("kvstack_index_lookup_seconds", "Time to answer one lookup")
 _EVENT_KEYS = counter("kvstack_index_event_keys_total", "Chunk keys reported", ["kind"])
 _RESYNCS = counter("kvstack_index_resyncs_total", "Reports answered with resync")
@@ -65,21 +64,6 @@ def _encode(request: Request, value: Any) -> Response:
     if request.headers.get("content-type", "").startswith(MSGPACK):
         return Response(msgspec.msgpack.encode(value), media_type=MSGPACK)
     return Response(msgspec.json.encode(value), media_type="application/json")
-
-
-# What a request may raise that makes it invalid (answered 400 with the message), not the server.
-REFUSED = (msgspec.DecodeError, msgspec.ValidationError, ConfigError, ValueError)
-
-
-class Operation(NamedTuple):
-    """A request type and what answers it: the same over HTTP and ZMQ."""
-
-    kind: type[Any]
-    answer: Callable[[Any], Any]
-
-
-def count_request(route: str, status: str) -> None:
-    _REQUESTS.labels(route, status).inc()
 
 
 def _handler(route: str, operation: Operation) -> Callable[[Request], Any]:
@@ -104,12 +88,12 @@ class IndexService:
         self.config = config
         self.state = IndexState(config.max_lookup_tokens)
         self.operations = {
-            "events": Operation(EventBatch, self.on_events),
+            "events": Operation(AnnounceBatch, self.on_events),
             "lookup": Operation(LookupRequest, self.on_lookup),
             "locate": Operation(LocateRequest, self.state.locate),
         }
 
-    def on_events(self, batch: EventBatch) -> Any:
+    def on_events(self, batch: AnnounceBatch) -> Any:
         reply = self.state.apply(batch)
         if reply.resync:
             _RESYNCS.inc()
@@ -178,7 +162,7 @@ def build_app(config: IndexServiceConfig | None = None) -> Starlette:
 def _start_zmq(service: IndexService) -> ZmqServer | None:
     if service.config.zmq_port is None:
         return None
-    # Imported here: it imports this module, and HTTP alone needs no pyzmq.
+    # Imported here: HTTP alone needs no pyzmq.
     from kvstack.index.zmq_server import ZmqServer
 
     return ZmqServer(service.operations, service.config.host, service.config.zmq_port).start()

@@ -17,7 +17,7 @@ from typing import Any
 
 from kvstack.index import keying
 from kvstack.index.protocol import (
-    EventBatch,
+    AnnounceBatch,
     EventReply,
     InstanceMatch,
     KeyProfile,
@@ -69,7 +69,7 @@ class IndexState:
         self._clock = clock
 
     # -- reports ---------------------------------------------------------------------------
-    def apply(self, batch: EventBatch) -> EventReply:
+    def apply(self, batch: AnnounceBatch) -> EventReply:
         instance = self.instances.get(batch.instance)
         if batch.reset:
             if instance is not None:
@@ -86,7 +86,7 @@ class IndexState:
             self.index.remove(instance.location(tier), keys)
         return EventReply(self.epoch)
 
-    def _register(self, batch: EventBatch) -> Instance:
+    def _register(self, batch: AnnounceBatch) -> Instance:
         instance = Instance(
             id=batch.instance,
             profile=batch.profile,
@@ -98,7 +98,7 @@ class IndexState:
         self.instances[batch.instance] = instance
         return instance
 
-    def _refresh(self, instance: Instance, batch: EventBatch) -> None:
+    def _refresh(self, instance: Instance, batch: AnnounceBatch) -> None:
         instance.last_seen = self._clock()
         instance.peer = batch.peer
         instance.profile = batch.profile

@@ -1,7 +1,8 @@
 """The index service over ZMQ: URL scheme and framing, shared by server and clients.
 
-``zmq://host:port`` names the index server's ZMQ endpoint (``index.service.zmq_port``); clients
-connect a DEALER socket to ``tcp://host:port``, the server binds a ROUTER there.
+``zmq://host:port`` names the index server's ZMQ endpoint (``index.service.zmq_port``; URLs in
+:mod:`kvstack.index.urls`); clients connect a DEALER socket to ``tcp://host:port``, the server
+binds a ROUTER there.
 
 A request is three frames, a reply three frames::
 
@@ -19,69 +20,15 @@ request id.)
 
 from __future__ import annotations
 
-from urllib.parse import urlsplit
-
 import msgspec
 
-from kvstack.errors import ConfigError, IndexServiceError
+from kvstack.errors import IndexServiceError
 from kvstack.index.protocol import ErrorReply
 
-__all__ = [
-    "BAD_REQUEST",
-    "FAILED",
-    "OK",
-    "SCHEME",
-    "check_index_url",
-    "error_frames",
-    "raise_for_status",
-    "split_request",
-    "tcp_address",
-    "tcp_endpoint",
-    "zmq_url",
-]
+__all__ = ["BAD_REQUEST", "FAILED", "OK", "error_frames", "raise_for_status", "split_request"]
 
-SCHEME = "zmq"
 OK, BAD_REQUEST, FAILED = b"200", b"400", b"500"
 _NUM_FRAMES = 3
-
-
-def _host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # IPv6 hosts in brackets
-
-
-def tcp_address(host: str, port: int) -> str:
-    """The ZMQ endpoint a server binds (or a client connects to) for ``host`` and ``port``."""
-    return f"tcp://{_host_port(host, port)}"
-
-
-def zmq_url(host: str, port: int) -> str:
-    """The ``zmq://`` URL clients are given for a server at ``host`` and ``port``."""
-    return f"{SCHEME}://{_host_port(host, port)}"
-
-
-def tcp_endpoint(url: str) -> str:
-    """``zmq://host:port`` → ``tcp://host:port`` (IPv6 hosts keep their brackets)."""
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    if parts.scheme != SCHEME or not parts.hostname or port is None or parts.path.strip("/"):
-        raise ConfigError(f"index ZMQ URL must look like zmq://host:port, got {url!r}")
-    return tcp_address(parts.hostname, port)
-
-
-def check_index_url(url: str) -> str:
-    """An index server URL: ``http(s)://host:port`` or ``zmq://host:port``; raises
-    :class:`ConfigError` naming the accepted forms otherwise."""
-    scheme = urlsplit(url).scheme
-    if scheme == SCHEME:
-        tcp_endpoint(url)
-    elif scheme not in ("http", "https") or not urlsplit(url).hostname:
-        raise ConfigError(
-            f"index URL must be http://host:port, https://host:port or zmq://host:port, got {url!r}"
-        )
-    return url
 
 
 def error_frames(request_id: bytes, status: bytes, message: str) -> list[bytes]:

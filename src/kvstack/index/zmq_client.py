@@ -27,7 +27,8 @@ import zmq
 import zmq.asyncio
 
 from kvstack.errors import IndexServiceError, IndexTimeoutError
-from kvstack.index.wire import raise_for_status, tcp_endpoint
+from kvstack.index.urls import tcp_endpoint
+from kvstack.index.wire import raise_for_status
 
 __all__ = ["AsyncZmqTransport", "ZmqTransport"]
 

@@ -19,8 +19,9 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from kvstack.index.service import REFUSED, Operation, count_request
-from kvstack.index.wire import BAD_REQUEST, FAILED, OK, error_frames, split_request, tcp_address
+from kvstack.index.operations import REFUSED, Operation, count_request
+from kvstack.index.urls import tcp_address
+from kvstack.index.wire import BAD_REQUEST, FAILED, OK, error_frames, split_request
 
 __all__ = ["ZmqServer"]
 

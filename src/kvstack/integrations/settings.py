@@ -13,8 +13,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
-from kvstack.index.config import IndexConfig
 from kvstack.kv.config import KVConfig
 from kvstack.section import Section, load_section
 

@@ -1,4 +1,4 @@
-"""Admission: store a chunk only once it was requested ``threshold`` times.
+"""AdmissionThreshold: store a chunk only once it was requested ``threshold`` times.
 
 Requests are counted per chunk key by :meth:`KVCache.lookup`, :meth:`KVCache.retrieve` and
 explicit :meth:`KVCache.count_requests` calls (the connector counts once per engine request;
@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 from kvstack.kv.keys import ChunkKey
 
-__all__ = ["Admission"]
+__all__ = ["AdmissionThreshold"]
 
 DEFAULT_TRACKED_KEYS = 1 << 20
 
 
-class Admission:
+class AdmissionThreshold:
     def __init__(self, threshold: int, max_tracked: int = DEFAULT_TRACKED_KEYS) -> None:
         if threshold < 1:
             raise ValueError(f"admission threshold must be >= 1, got {threshold}")

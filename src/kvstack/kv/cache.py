@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kvstack.errors import ConfigError
-from kvstack.kv.admission import Admission
+from kvstack.kv.admission import AdmissionThreshold
 from kvstack.kv.chain import TierChain, leading
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys, chunk_spans
@@ -70,7 +70,7 @@ class KVCache:
         self._chain = TierChain(
             self.tiers, [self.tiers[i] for i in write_tiers], config.promote_on_hit
         )
-        self._admission = Admission(config.admission_threshold)
+        self._admission = AdmissionThreshold(config.admission_threshold)
         self._counters = CacheCounters()
         self._namespaces: OrderedDict[tuple[str, str], ChunkKey] = OrderedDict()
         self._ns_lock = threading.Lock()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from kvstack.index.config import RadixConfig
-from kvstack.index.wire import check_index_url
+from kvstack.index.urls import check_index_url
 from kvstack.section import Section
 
 __all__ = ["DEFAULT_TIER_WEIGHTS", "EventsConfig", "PDConfig", "PrefixConfig"]

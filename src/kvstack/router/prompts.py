@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from kvstack.index.radix import Namespace
+from kvstack.index.radix import RadixNamespace
 from kvstack.router.adapters import ADAPTER_KEY
 from kvstack.router.backends import BackendView
 from kvstack.router.config_scheduling import PrefixConfig
@@ -31,7 +31,7 @@ SCRATCH_KEY = "prompt"
 @dataclass(frozen=True, slots=True)
 class PromptTokens:
     tokens: list[int]
-    namespace: Namespace
+    namespace: RadixNamespace
     exact: bool  # the engine's own ids: KV events and shared tiers can match them
 
 
@@ -101,7 +101,7 @@ class PromptRenderer:
         salt = salt if isinstance(salt, str) else ""
         tokens, exact = self._tokens(request, tokenizer)
         model = base if exact else f"chars:{base}"
-        return PromptTokens(tokens, Namespace(model, adapter, salt), exact)
+        return PromptTokens(tokens, RadixNamespace(model, adapter, salt), exact)
 
     def _tokens(
         self, request: RoutingRequest, tokenizer: PromptTokenizer

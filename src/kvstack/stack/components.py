@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 import yaml
 
-from kvstack.index.wire import zmq_url
-from kvstack.kv.remote.redis_server import large_value_env
+from kvstack.index.urls import zmq_url
+from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.config import StackConfig, StackEngineSpec
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 

@@ -34,9 +34,9 @@ import numpy as np
 
 from kvstack.bench.load.stats import percentile
 from kvstack.index.client import IndexClient, lookup_request
-from kvstack.index.protocol import EventBatch, EventReply, KeyProfile, LookupReply, TierInfo
+from kvstack.index.protocol import AnnounceBatch, EventReply, KeyProfile, LookupReply, TierInfo
 from kvstack.index.state import IndexState
-from kvstack.index.wire import zmq_url
+from kvstack.index.urls import zmq_url
 from kvstack.kv.keys import Namespace, chunk_keys
 
 __all__ = ["run"]
@@ -62,7 +62,7 @@ def expected(instance: int) -> int:
     return max(cpu, disk, 256) * CHUNK
 
 
-def batches(num_entries: int) -> Iterator[EventBatch]:
+def batches(num_entries: int) -> Iterator[AnnounceBatch]:
     """Reports that put the prompt's chunks where :func:`expected` says, plus random filler
     keys spread over every engine and tier up to ``num_entries`` entries."""
     keys = chunk_keys(prompt(), Namespace(PROFILE.model, PROFILE.kv_dtype), CHUNK)
@@ -80,18 +80,18 @@ def batches(num_entries: int) -> Iterator[EventBatch]:
         yield from _split(f"engine-{i}", stored)
 
 
-def _split(instance: str, stored: dict[str, list[bytes]]) -> Iterator[EventBatch]:
+def _split(instance: str, stored: dict[str, list[bytes]]) -> Iterator[AnnounceBatch]:
     first = True
     for tier, keys in stored.items():
         for start in range(0, len(keys), BATCH_KEYS):
-            yield EventBatch(
+            yield AnnounceBatch(
                 instance=instance, profile=PROFILE, aliases=["bench-8b"], tiers=TIERS,
                 reset=first, stored={tier: keys[start : start + BATCH_KEYS]},
             )  # fmt: skip
             first = False
 
 
-def feed(report: Callable[[EventBatch], EventReply], num_entries: int) -> None:
+def feed(report: Callable[[AnnounceBatch], EventReply], num_entries: int) -> None:
     """Send every batch, each carrying the epoch of the answer before it."""
     epoch = ""
     for batch in batches(num_entries):

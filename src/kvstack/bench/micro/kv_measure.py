@@ -28,8 +28,8 @@ from typing import NamedTuple
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier
-from kvstack.kv.tiers.cpu import CPUTier
-from kvstack.kv.tiers.file import FileTier
+from kvstack.kv.tiers.cpu.tier import CPUTier
+from kvstack.kv.tiers.file.tier import FileTier
 
 __all__ = ["CLOCKS", "Shape", "ShapeResult", "TierResult", "measure_shape"]
 

@@ -17,11 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvstack.bench.load.stats import percentile
-from kvstack.index.radix import Namespace, Owner, RadixIndex
+from kvstack.index.radix import Owner, RadixIndex, RadixNamespace
 
 __all__ = ["RadixBenchResult", "Timing", "build_tree", "run_radix_bench"]
 
-NS = Namespace("bench-model")
+NS = RadixNamespace("bench-model")
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,9 +76,9 @@ def _lender(ready: Connection, chunk_shape: tuple[int, ...], num_chunks: int) ->
 
     import torch
 
-    from kvstack.index.config import PeerServerConfig
-    from kvstack.kv.peer.server import PeerServer
-    from kvstack.kv.tiers.cpu import CPUTier
+    from kvstack.cluster.config import PeerServerConfig
+    from kvstack.cluster.peer_server import PeerServer
+    from kvstack.kv.tiers.cpu.tier import CPUTier
 
     chunk_bytes = int(torch.Size(chunk_shape).numel()) * 2
     tier = CPUTier(chunk_bytes * (num_chunks + 1), name="cpu")

@@ -10,7 +10,7 @@ the reference and the tiers alike and the ratios stay meaningful:
 - ``tcp_loopback_gbps``: a sender process streams the same bytes over one TCP connection into
   preallocated buffers (``recv_into``) — the ceiling for any single-connection transfer here;
 - ``redis``: two real ``redis-server`` processes, one stock and one started as kvstack starts
-  its own (:mod:`kvstack.kv.remote.redis_server`: jemalloc keeps freed reply pages).
+  its own (:mod:`kvstack.kv.tiers.redis.redis_server`: jemalloc keeps freed reply pages).
   ``get_gbps`` / ``tuned_get_gbps`` are ``RedisTier.get_many_into`` from each (values received
   into the output tensors and checksummed), ``redis_py_get_gbps`` plain redis-py pipelined
   GETs of the same values from the stock server (bytes only, no checksum), ``store_gbps``
@@ -41,9 +41,9 @@ from typing import Any, NamedTuple
 
 from kvstack.bench.micro import shared_procs
 from kvstack.kv.keys import ChunkKey
-from kvstack.kv.remote.redis_server import large_value_env
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier, make_tier
+from kvstack.kv.tiers.redis.redis_server import large_value_env
 
 __all__ = ["print_result", "run", "run_shared_tier_bench"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvstack.index.config import IndexConfig
+from kvstack.cluster.config import IndexConfig
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
@@ -79,7 +79,7 @@ class WorkerSide:
         self.server = LookupServer(lookup_endpoint(engine_id, rank), self._contains_prefix)
         self.cluster = None
         if index is not None:
-            from kvstack.index.cluster import attach_cluster
+            from kvstack.cluster.attach import attach_cluster
 
             # Announces this engine's chunks to the index service and lends its tiers to peers,
             # when the index section enables either; otherwise a no-op.

@@ -19,12 +19,12 @@ class TierFactory(Protocol):
 
 
 TIERS: Registry[TierFactory] = Registry("tier scheme")
-TIERS.register("cpu", "kvstack.kv.tiers.cpu:CPUTier")
-TIERS.register("file", "kvstack.kv.tiers.file:FileTier")
-TIERS.register("redis", "kvstack.kv.tiers.redis:RedisTier")
-TIERS.register("rediss", "kvstack.kv.tiers.redis:RedisTier")
-TIERS.register("s3", "kvstack.kv.tiers.s3:S3Tier")
-TIERS.register("peer", "kvstack.kv.tiers.peer:PeerTier")
+TIERS.register("cpu", "kvstack.kv.tiers.cpu.tier:CPUTier")
+TIERS.register("file", "kvstack.kv.tiers.file.tier:FileTier")
+TIERS.register("redis", "kvstack.kv.tiers.redis.tier:RedisTier")
+TIERS.register("rediss", "kvstack.kv.tiers.redis.tier:RedisTier")
+TIERS.register("s3", "kvstack.kv.tiers.s3.tier:S3Tier")
+TIERS.register("peer", "kvstack.kv.tiers.peer.tier:PeerTier")
 
 
 def make_tier(url: str, name: str | None = None) -> Tier:

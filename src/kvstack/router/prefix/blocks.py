@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvstack.index.radix import Namespace, Owner, Position, RadixIndex
+from kvstack.index.radix import Owner, Position, RadixIndex, RadixNamespace
 from kvstack.index.radix_node import Node
 from kvstack.router.prefix.events import (
     AllBlocksCleared,
@@ -46,7 +46,7 @@ def medium_tier(medium: str | None) -> str:
 @dataclass(slots=True)
 class BlockRef:
     parent: BlockHash | None
-    ns: Namespace
+    ns: RadixNamespace
     tokens: list[int]
     anchor: Node  # a node at or below the block's end
     end: int  # tokens from the root to the block's end
@@ -111,7 +111,7 @@ class BlockTracker:
 
     def _place(
         self, event: BlockStored, tier: str, owner: Owner
-    ) -> tuple[Namespace, Node, int] | None:
+    ) -> tuple[RadixNamespace, Node, int] | None:
         """Insert the event's blocks; (namespace, anchor node, depth of the first block)."""
         if event.parent_block_hash is None:
             ns = self._namespace(event)
@@ -128,12 +128,14 @@ class BlockTracker:
             done_at = self.index.insert(parent.ns, path + event.token_ids, owner)
         return (parent.ns, done_at.end, parent.end) if done_at.end is not None else None
 
-    def _namespace(self, event: BlockStored) -> Namespace:
+    def _namespace(self, event: BlockStored) -> RadixNamespace:
         """Events do not name the model: the backend's base model (the first by name, should
         it serve several under different names)."""
         adapter = event.lora_name or ""
         models = self._base_models()
-        return Namespace(models[0] if models else "", adapter, _salt(event.extra_keys, adapter))
+        return RadixNamespace(
+            models[0] if models else "", adapter, _salt(event.extra_keys, adapter)
+        )
 
     def _check(self, event: BlockStored) -> None:
         size = event.block_size
