@@ -21,9 +21,9 @@ from kvstack.lora.plane import ControlPlane
 from kvstack.lora.residency import Tier
 from kvstack.router.adapters import AdapterGate, served_model
 from kvstack.router.config import AdaptersConfig
-from kvstack.router.prompts import PromptRenderer
 from kvstack.router.request import parse_request
 from kvstack.router.router import Router
+from kvstack.router.scheduling.prompts import PromptRenderer
 from kvstack.sim.server import FleetThread
 from tests.lora.adapters import NO_VIOLATIONS, control_over, synthetic_adapter
 from tests.router.conftest import router_config, serve_router
@@ -260,7 +260,7 @@ async def test_prefill_decode_with_a_managed_adapter(
     on a prefill engine where that adapter is hot; where it is not, the decode engine computes
     the prompt and the adapter loads on the prefill engine for the next request. A decode
     engine's fallback to the base model makes the prefill use the base model too."""
-    from kvstack.router import pd
+    from kvstack.router.pd import step as pd
 
     _register(plane, sources, keypair, "support", seed=1)
     _register(plane, sources, keypair, "sales", seed=2)

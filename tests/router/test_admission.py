@@ -7,9 +7,9 @@ import asyncio
 import aiohttp
 
 from kvstack.errors import RequestError
-from kvstack.router.admission import ADMISSIONS, Admission, Permit
-from kvstack.router.plugins.base import PluginContext
+from kvstack.router.admission.base import ADMISSIONS, Admission, Permit
 from kvstack.router.request import RoutingRequest
+from kvstack.router.scheduling.plugins.base import PluginContext
 from tests.router.conftest import RouterFactory, engines
 from tests.router.fake_engine import FakeEngine
 

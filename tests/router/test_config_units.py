@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from kvstack.errors import ConfigError, NoBackendError, RequestError, UnknownModelError
-from kvstack.router.auth import ApiKeys, parse_keys_file
-from kvstack.router.backends import Backend, BackendState
 from kvstack.router.cli import parse_args
 from kvstack.router.config import AuthConfig, ModelRoute, RouterConfig
-from kvstack.router.model_routes import ModelRouter
+from kvstack.router.fleet.backends import Backend, BackendState
+from kvstack.router.http.auth import ApiKeys, parse_keys_file
 from kvstack.router.request import parse_request
+from kvstack.router.scheduling.model_routes import ModelRouter
 
 
 @pytest.mark.parametrize(

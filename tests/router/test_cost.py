@@ -8,14 +8,14 @@ import time
 import pytest
 
 from kvstack.errors import ConfigError
-from kvstack.router.backends import Backend, BackendState
 from kvstack.router.config import PipelineConfig, PluginSpec, RouterConfig
-from kvstack.router.cost_model import CostInputs, CostModel, CostPrior
-from kvstack.router.engine_metrics import EngineMetrics
-from kvstack.router.pipeline import Pipeline
-from kvstack.router.plugins import PICKERS, Candidate, PluginContext
+from kvstack.router.fleet.backends import Backend, BackendState
+from kvstack.router.fleet.engine_metrics import EngineMetrics
 from kvstack.router.request import RoutingRequest
-from kvstack.router.services import prefix_state
+from kvstack.router.scheduling.cost_model import CostInputs, CostModel, CostPrior
+from kvstack.router.scheduling.pipeline import Pipeline
+from kvstack.router.scheduling.plugins import PICKERS, Candidate, PluginContext
+from kvstack.router.scheduling.services import prefix_state
 
 SYSTEM = " ".join(f"t{i}" for i in range(100, 1100))  # 1,000 tokens for the sim tokenizer
 
@@ -42,7 +42,7 @@ def request(question: str, stream: bool = True) -> RoutingRequest:
 def context() -> PluginContext:
     config = RouterConfig.model_validate({"prefix": {"tokenizers": {"m": "sim"}}})
     ctx = PluginContext(rng=random.Random(0), config=config)
-    from kvstack.router.tokenizers import make_tokenizer
+    from kvstack.router.scheduling.tokenizers import make_tokenizer
 
     prefix_state(ctx).renderer._tokenizers["m"] = make_tokenizer("sim")
     return ctx
@@ -129,7 +129,7 @@ def test_learning_from_first_tokens_of_streams_only() -> None:
         scorer.score(req, [a])
         scorer.on_dispatch(req, a)  # type: ignore[attr-defined]
         scorer.on_first_token(req, a, 5.0)  # type: ignore[attr-defined]
-    from kvstack.router.services import cost_model
+    from kvstack.router.scheduling.services import cost_model
 
     assert cost_model(ctx).fleet.samples == 1
 
@@ -141,7 +141,7 @@ def test_learning_is_opt_in() -> None:
     scorer.score(req, [a])
     scorer.on_dispatch(req, a)  # type: ignore[attr-defined]
     scorer.on_first_token(req, a, 5.0)  # type: ignore[attr-defined]
-    from kvstack.router.services import cost_model
+    from kvstack.router.scheduling.services import cost_model
 
     assert cost_model(ctx).fleet.samples == 0
 

@@ -8,9 +8,9 @@ from collections.abc import Callable, Sequence
 
 import aiohttp
 
-from kvstack.router.backends import Backend
 from kvstack.router.config import KubernetesConfig
-from kvstack.router.discovery.kubernetes import KubernetesDiscovery
+from kvstack.router.fleet.backends import Backend
+from kvstack.router.fleet.discovery.kubernetes import KubernetesDiscovery
 from tests.router.conftest import RouterFactory, engines
 from tests.router.fake_engine import FakeEngine
 from tests.router.fake_kube import FakeKube, pod

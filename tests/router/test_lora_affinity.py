@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
-from kvstack.router.backends import Backend, BackendState
-from kvstack.router.engine_metrics import EngineMetrics
-from kvstack.router.plugins import SCORERS, PluginContext
+from kvstack.router.fleet.backends import Backend, BackendState
+from kvstack.router.fleet.engine_metrics import EngineMetrics
 from kvstack.router.request import RoutingRequest
+from kvstack.router.scheduling.plugins import SCORERS, PluginContext
 
 
 def backend(name: str, running: tuple[str, ...] = (), max_loras: int | None = 2) -> BackendState:

@@ -9,13 +9,13 @@ from collections import Counter
 import pytest
 
 from kvstack.errors import ConfigError, NoBackendError
-from kvstack.router.backends import Backend, BackendState
 from kvstack.router.config import EjectionConfig, PipelineConfig, PluginSpec
-from kvstack.router.engine_metrics import EngineMetrics
-from kvstack.router.pipeline import Pipeline, eligible_backends, preset
-from kvstack.router.plugins import FILTERS, PICKERS, SCORERS, PluginContext
-from kvstack.router.plugins.session import rendezvous_rank
+from kvstack.router.fleet.backends import Backend, BackendState
+from kvstack.router.fleet.engine_metrics import EngineMetrics
 from kvstack.router.request import RoutingRequest
+from kvstack.router.scheduling.pipeline import Pipeline, eligible_backends, preset
+from kvstack.router.scheduling.plugins import FILTERS, PICKERS, SCORERS, PluginContext
+from kvstack.router.scheduling.plugins.session import rendezvous_rank
 
 
 def state(

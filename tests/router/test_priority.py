@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from kvstack.errors import ConfigError
-from kvstack.router.admission import ADMISSIONS
-from kvstack.router.plugins.base import PluginContext
+from kvstack.router.admission.base import ADMISSIONS
+from kvstack.router.scheduling.plugins.base import PluginContext
 from tests.router.conftest import RouterFactory, engines, until
 from tests.router.fake_engine import FakeEngine
 
@@ -121,9 +121,9 @@ def test_bad_admission_args_name_the_field() -> None:
 def test_saturation_counts_stale_metrics_only_once_scraped() -> None:
     import time
 
-    from kvstack.router.backends import Backend, BackendState
-    from kvstack.router.engine_metrics import EngineMetrics
-    from kvstack.router.saturation import FleetSaturation, SaturationLimits
+    from kvstack.router.fleet.backends import Backend, BackendState
+    from kvstack.router.fleet.engine_metrics import EngineMetrics
+    from kvstack.router.fleet.saturation import FleetSaturation, SaturationLimits
 
     limits = SaturationLimits(max_pending=2, stale_saturates=True)
     never = BackendState(Backend("never", "http://never:1"))

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from kvstack.errors import ConfigError
-from kvstack.router.backends import Backend, BackendState
-from kvstack.router.config_scheduling import PrefixConfig
-from kvstack.router.prompts import PromptRenderer, split_target
+from kvstack.router.fleet.backends import Backend, BackendState
 from kvstack.router.request import RoutingRequest
-from kvstack.router.tokenizers import CharBlocks, HFTokenizer, make_tokenizer
+from kvstack.router.scheduling.config import PrefixConfig
+from kvstack.router.scheduling.prompts import PromptRenderer, split_target
+from kvstack.router.scheduling.tokenizers import CharBlocks, HFTokenizer, make_tokenizer
 from kvstack.sim.tokenizer import SimTokenizer
 
 

@@ -15,11 +15,11 @@ from kvstack.index.radix import Namespace
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv.keys import Namespace as KeyNamespace
 from kvstack.kv.keys import chunk_keys
-from kvstack.router.backends import Backend, BackendState
-from kvstack.router.config_scheduling import DEFAULT_TIER_WEIGHTS, PrefixConfig
+from kvstack.router.fleet.backends import Backend, BackendState
 from kvstack.router.prefix.shared import SharedTierLookup, tier_kind
 from kvstack.router.prefix.view import credited_tokens
-from kvstack.router.prompts import PromptTokens
+from kvstack.router.scheduling.config import DEFAULT_TIER_WEIGHTS, PrefixConfig
+from kvstack.router.scheduling.prompts import PromptTokens
 from tests.conftest import free_port
 
 CHUNK = 16

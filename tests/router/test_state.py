@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from kvstack.router.backends import Backend, BackendPool, BackendState
 from kvstack.router.config import EjectionConfig, HealthConfig
-from kvstack.router.ejection import EjectionState
-from kvstack.router.engine_metrics import parse_engine_metrics
-from kvstack.router.health import _apply
-from kvstack.router.load import LoadCounters
+from kvstack.router.fleet.backends import Backend, BackendPool, BackendState
+from kvstack.router.fleet.ejection import EjectionState
+from kvstack.router.fleet.engine_metrics import parse_engine_metrics
+from kvstack.router.fleet.health import _apply
+from kvstack.router.fleet.load import LoadCounters
 
 VLLM_PAGE = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -9,8 +9,8 @@ from contextlib import asynccontextmanager
 import pytest
 
 from kvstack.errors import UpstreamError
-from kvstack.router.upstream_conn import ConnectionLostError
-from kvstack.router.upstream_pool import Deadline, UpstreamPool, build_request
+from kvstack.router.upstream.connection import ConnectionLostError
+from kvstack.router.upstream.pool import Deadline, UpstreamPool, build_request
 
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
 

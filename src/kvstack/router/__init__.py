@@ -24,11 +24,11 @@ engines' own metrics, and one ZMQ subscription per backend feeds its KV events i
 prefix state (:mod:`kvstack.router.prefix`).
 
 Extension points (new files, not changes here): a scorer, filter or picker registered in
-:mod:`kvstack.router.plugins` (plugins that learn from traffic implement
+:mod:`kvstack.router.scheduling.plugins` (plugins that learn from traffic implement
 ``RequestObserver``; shared state such as the prefix index or the cost model lives in
-``PluginContext.services``, see :mod:`kvstack.router.services`); an admission policy in
-:data:`kvstack.router.admission.ADMISSIONS`; a discovery source in
-:data:`kvstack.router.discovery.DISCOVERY`.
+``PluginContext.services``, see :mod:`kvstack.router.scheduling.services`); an admission policy in
+:data:`kvstack.router.admission.base.ADMISSIONS`; a discovery source in
+:data:`kvstack.router.fleet.discovery.DISCOVERY`.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from kvstack.router.config import RouterConfig
+    from kvstack.router.http.server import build_server
     from kvstack.router.router import Router
-    from kvstack.router.server import build_server
 
 __all__ = ["Router", "RouterConfig", "build_server"]
 
 _LAZY = {
     "Router": "kvstack.router.router",
     "RouterConfig": "kvstack.router.config",
-    "build_server": "kvstack.router.server",
+    "build_server": "kvstack.router.http.server",
 }
 
 

@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import NoBackendError, RegistryError, RequestError
-from kvstack.router.backends import BackendView
 from kvstack.router.config import AdaptersConfig
+from kvstack.router.fleet.backends import BackendView
 from kvstack.router.request import RoutingRequest, encode_body
 
 if TYPE_CHECKING:

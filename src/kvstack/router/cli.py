@@ -162,7 +162,7 @@ def run(command: str, argv: list[str]) -> int:
         print("kvstack router: no backends; pass --backend URL or a config file", file=sys.stderr)
         return 2
     log_config_once("router", config)
-    from kvstack.router.server import build_server, tune_gc
+    from kvstack.router.http.server import build_server, tune_gc
 
     router = None
     if config.adapters.enabled:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from kvstack.router.config_scheduling import PDConfig, PrefixConfig
+from kvstack.router.scheduling.config import PDConfig, PrefixConfig
 from kvstack.section import Section, parse_size
 
 __all__ = [
@@ -272,7 +272,7 @@ class AdaptersConfig(Section):
     @field_validator("priority_by_tier")
     @classmethod
     def _priorities(cls, value: dict[str, str]) -> dict[str, str]:
-        from kvstack.router.priority_config import PRIORITIES  # a cycle at import time
+        from kvstack.router.admission.config import PRIORITIES  # a cycle at import time
 
         bad = sorted(p for p in value.values() if p not in PRIORITIES)
         if bad:

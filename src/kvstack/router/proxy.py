@@ -19,17 +19,17 @@ from typing import TYPE_CHECKING, cast
 
 from kvstack.errors import NoBackendError, UpstreamError
 from kvstack.router.adapters import AdapterGate, served_model
-from kvstack.router.admission import Admission, ImmediateAdmission
-from kvstack.router.backends import BackendPool, BackendState, BackendView
+from kvstack.router.admission.base import Admission, ImmediateAdmission
 from kvstack.router.config import RouterConfig
-from kvstack.router.pd import PrefillStep, decode_candidates
-from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
-from kvstack.router.plugins.base import PluginContext, RequestObserver, RequestPreparer
-from kvstack.router.relay import Exchange, Relay
+from kvstack.router.fleet.backends import BackendPool, BackendState, BackendView
+from kvstack.router.http.responses import HOP_BY_HOP, Send
+from kvstack.router.pd.step import PrefillStep, decode_candidates
 from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
-from kvstack.router.responses import HOP_BY_HOP, Send
+from kvstack.router.scheduling.pipeline import Decision, Pipeline, eligible_backends
+from kvstack.router.scheduling.plugins.base import PluginContext, RequestObserver, RequestPreparer
 from kvstack.router.telemetry import Telemetry
-from kvstack.router.upstream_pool import Deadline, UpstreamPool
+from kvstack.router.upstream.pool import Deadline, UpstreamPool
+from kvstack.router.upstream.relay import Exchange, Relay
 
 if TYPE_CHECKING:
     from kvstack.lora.decision import Decision as AdapterDecision

@@ -14,20 +14,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstack.router.adapters import AdapterGate
-from kvstack.router.admission import ADMISSIONS
-from kvstack.router.auth import ApiKeys
-from kvstack.router.backends import Backend, BackendPool, BackendState
+from kvstack.router.admission.base import ADMISSIONS
 from kvstack.router.config import RouterConfig
-from kvstack.router.discovery import Discovery, make_discovery
-from kvstack.router.health import HealthChecker
-from kvstack.router.model_routes import ModelRouter
-from kvstack.router.pipeline import Pipeline, build_plugin, preset
-from kvstack.router.plugins.base import Plugin, PluginContext, RequestPreparer
+from kvstack.router.fleet.backends import Backend, BackendPool, BackendState
+from kvstack.router.fleet.discovery import Discovery, make_discovery
+from kvstack.router.fleet.health import HealthChecker
+from kvstack.router.fleet.scraper import MetricsScraper
+from kvstack.router.http.auth import ApiKeys
 from kvstack.router.proxy import Proxy, observers_of
-from kvstack.router.scraper import MetricsScraper
+from kvstack.router.scheduling.model_routes import ModelRouter
+from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
+from kvstack.router.scheduling.plugins.base import Plugin, PluginContext, RequestPreparer
 from kvstack.router.telemetry import Telemetry
-from kvstack.router.upstream import UpstreamClient
-from kvstack.router.upstream_pool import UpstreamPool
+from kvstack.router.upstream.control import UpstreamClient
+from kvstack.router.upstream.pool import UpstreamPool
 
 if TYPE_CHECKING:
     from kvstack.lora.control import LoRAControl

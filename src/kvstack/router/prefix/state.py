@@ -28,16 +28,16 @@ from dataclasses import dataclass
 from kvstack.index.radix import Owner, OwnerPolicy, PrefixMatch, RadixIndex
 from kvstack.index.radix_node import Node
 from kvstack.metrics import counter, gauge
-from kvstack.router.backends import BackendPool, BackendView
-from kvstack.router.config_scheduling import PrefixConfig
+from kvstack.router.fleet.backends import BackendPool, BackendView
 from kvstack.router.prefix.blocks import BlockTracker
 from kvstack.router.prefix.events import KVEventBatch
 from kvstack.router.prefix.shared import SCRATCH_KEY as TIER_HITS
 from kvstack.router.prefix.shared import SharedTierLookup
 from kvstack.router.prefix.sources import EventStreams
 from kvstack.router.prefix.view import PrefixView
-from kvstack.router.prompts import PromptRenderer, PromptTokens
 from kvstack.router.request import RoutingRequest
+from kvstack.router.scheduling.config import PrefixConfig
+from kvstack.router.scheduling.prompts import PromptRenderer, PromptTokens
 
 __all__ = ["PrefixState"]
 
