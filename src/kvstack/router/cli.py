@@ -18,7 +18,8 @@ import sys
 from typing import Any
 
 from kvstack.errors import ConfigError
-from kvstack.router.config import POLICIES, RouterConfig
+from kvstack.router.config import RouterConfig
+from kvstack.router.scheduling.config import POLICIES
 from kvstack.section import load_section, log_config_once
 
 __all__ = ["parse_args", "run"]

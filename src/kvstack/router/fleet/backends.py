@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kvstack.router.config import EjectionConfig
+from kvstack.router.fleet.config import EjectionConfig
 from kvstack.router.fleet.ejection import EjectionState
 from kvstack.router.fleet.engine_metrics import EngineMetrics
 from kvstack.router.fleet.load import LoadCounters

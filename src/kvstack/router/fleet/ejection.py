@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstack.router.config import EjectionConfig
+from kvstack.router.fleet.config import EjectionConfig
 
 __all__ = ["EjectionState"]
 

@@ -19,8 +19,8 @@ import msgspec
 from kvstack.errors import UpstreamError
 from kvstack.log import IncidentLogger
 from kvstack.metrics import counter
-from kvstack.router.config import HealthConfig
 from kvstack.router.fleet.backends import BackendPool, BackendState
+from kvstack.router.fleet.config import HealthConfig
 from kvstack.router.upstream.control import UpstreamClient
 
 __all__ = ["HealthChecker"]

@@ -9,6 +9,10 @@ never scraped, e.g. one without ``/metrics``, is not). Scraped figures count onl
 
 :class:`FleetSaturation` answers for a set of backends (the candidates of one model): how
 many more requests they can take right now, and, when none, why.
+
+A leaf: it reads backends through the small protocols below and imports nothing of the router,
+so config modules (the priority admission's ``saturation``) build limits without importing the
+fleet's runtime modules.
 """
 
 from __future__ import annotations
@@ -16,10 +20,31 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from kvstack.router.fleet.backends import BackendView
+__all__ = ["EngineLoad", "FleetSaturation", "LoadView", "SaturationLimits"]
 
-__all__ = ["FleetSaturation", "SaturationLimits"]
+
+class EngineLoad(Protocol):
+    """The scraped engine figures saturation reads (see ``ScrapedMetrics``)."""
+
+    @property
+    def waiting(self) -> float | None: ...
+    @property
+    def kv_usage(self) -> float | None: ...
+
+
+class LoadView(Protocol):
+    """The backend figures saturation reads (a ``BackendView`` has them)."""
+
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def engine(self) -> EngineLoad | None: ...
+    @property
+    def metrics_age_s(self) -> float | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +65,7 @@ class SaturationLimits:
         if self.max_pending is not None and self.max_pending < 1:
             raise ValueError(f"max_pending must be >= 1, got {self.max_pending}")
 
-    def reason(self, backend: BackendView) -> str | None:
+    def reason(self, backend: LoadView) -> str | None:
         """Why ``backend`` is saturated ("in_flight", "pending", "waiting", "kv_usage",
         "stale"), or None."""
         if self.max_in_flight is not None and backend.in_flight >= self.max_in_flight:
@@ -57,7 +82,7 @@ class SaturationLimits:
             return "kv_usage"
         return None
 
-    def room(self, backend: BackendView) -> int:
+    def room(self, backend: LoadView) -> int:
         """Requests the backend can take before it saturates (0 when it is)."""
         if self.reason(backend) is not None:
             return 0
@@ -73,10 +98,10 @@ class SaturationLimits:
 class FleetSaturation:
     limits: SaturationLimits
 
-    def room(self, backends: Sequence[BackendView]) -> int:
+    def room(self, backends: Sequence[LoadView]) -> int:
         return sum(self.limits.room(b) for b in backends)
 
-    def reason(self, backends: Sequence[BackendView]) -> str:
+    def reason(self, backends: Sequence[LoadView]) -> str:
         """The most common reason among the saturated ones ("no_backend" when none)."""
         reasons = Counter(self.limits.reason(b) for b in backends)
         reasons.pop(None, None)

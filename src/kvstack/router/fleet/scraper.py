@@ -14,8 +14,8 @@ import time
 from kvstack.errors import UpstreamError
 from kvstack.log import IncidentLogger
 from kvstack.metrics import counter
-from kvstack.router.config import ScrapeConfig
 from kvstack.router.fleet.backends import BackendPool, BackendState
+from kvstack.router.fleet.config import ScrapeConfig
 from kvstack.router.fleet.engine_metrics import parse_engine_metrics
 from kvstack.router.upstream.control import UpstreamClient
 

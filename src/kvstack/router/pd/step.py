@@ -31,8 +31,8 @@ from kvstack.errors import KVStackError, NoBackendError, UpstreamError
 from kvstack.lora.decision import Action
 from kvstack.metrics import counter, histogram
 from kvstack.router.fleet.backends import BackendState, BackendView
+from kvstack.router.pd.config import PDConfig
 from kvstack.router.request import RoutingRequest, encode_body
-from kvstack.router.scheduling.config import PDConfig
 from kvstack.router.scheduling.pipeline import Decision, Pipeline
 from kvstack.router.scheduling.plugins.base import RequestObserver
 from kvstack.router.upstream.pool import Deadline

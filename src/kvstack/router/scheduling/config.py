@@ -1,4 +1,4 @@
-"""Configuration of the router's cache-aware scheduling: the ``prefix`` and ``pd`` subsections.
+"""Configuration of the router's scheduling: the ``pipeline`` and ``prefix`` subsections.
 
 ::
 
@@ -9,15 +9,18 @@
           sources: {"http://10.0.0.1:8000": "tcp://10.0.0.1:5557"}
         index_url: http://kv-index:8300
         tier_weights: {gpu: 1.0, cpu: 0.75, disk: 0.5, redis: 0.5, s3: 0.25}
-      pd:
-        models: [llama-8b]
-        min_remote_prefill_tokens: 512
+      pipeline:
+        scorers: [{name: prefix, weight: 3}, {name: least_load, weight: 2}]
 
-Policies, weights and the cost model's knobs are plugin ``args`` (see ``pipeline``); the
-priority admission's settings are the ``admission`` plugin's ``args``.
+``policy`` (one of :data:`POLICIES`) names a preset pipeline; ``pipeline`` spells one out
+(filters, weighted scorers, a picker, each by registered name with ``args``). Weights and the
+cost model's knobs are plugin ``args``; the priority admission's settings are the ``admission``
+plugin's ``args`` (:mod:`kvstack.router.admission.config`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import Field, field_validator
 
@@ -25,7 +28,16 @@ from kvstack.index.config import RadixConfig
 from kvstack.index.wire import check_index_url
 from kvstack.section import Section
 
-__all__ = ["DEFAULT_TIER_WEIGHTS", "EventsConfig", "PDConfig", "PrefixConfig"]
+__all__ = [
+    "DEFAULT_TIER_WEIGHTS",
+    "POLICIES",
+    "EventsConfig",
+    "PipelineConfig",
+    "PluginSpec",
+    "PrefixConfig",
+]
+
+POLICIES = ("ttft", "prefix", "round_robin", "least_load", "session", "random")
 
 # Credit of a cached token by where it is: loading from host memory or disk costs time that a
 # device hit does not (Dynamo's per-tier credits are of the same shape).
@@ -113,18 +125,15 @@ class PrefixConfig(Section):
         return {**DEFAULT_TIER_WEIGHTS, **value}
 
 
-class PDConfig(Section):
-    models: list[str] = Field(
-        default_factory=list,
-        description="models (targets) served disaggregated: prefill on a 'prefill' backend, "
-        "decode on a 'decode' backend, KV through kvstack's shared tier",
-    )
-    min_remote_prefill_tokens: int = Field(
-        default=256,
-        ge=0,
-        description="prefill remotely only when the decode backend would compute at least "
-        "this many prompt tokens itself (shorter suffixes are cheaper to prefill in place)",
-    )
-    prefill_timeout_s: float = Field(
-        default=120.0, gt=0, description="the prefill step's own timeout"
+class PluginSpec(Section):
+    name: str = Field(min_length=1, description="registered plugin name")
+    weight: float = Field(default=1.0, ge=0, description="scorer weight (ignored elsewhere)")
+    args: dict[str, Any] = Field(default_factory=dict, description="plugin arguments")
+
+
+class PipelineConfig(Section):
+    filters: list[PluginSpec] = Field(default_factory=list, description="filters, in order")
+    scorers: list[PluginSpec] = Field(default_factory=list, description="weighted scorers")
+    picker: PluginSpec = Field(
+        default_factory=lambda: PluginSpec(name="max_score"), description="the picker"
     )

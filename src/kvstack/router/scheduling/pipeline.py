@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from kvstack.errors import ConfigError, NoBackendError
-from kvstack.router.config import PipelineConfig, PluginSpec
 from kvstack.router.fleet.backends import BackendState, BackendView
 from kvstack.router.request import RoutingRequest
+from kvstack.router.scheduling.config import PipelineConfig, PluginSpec
 from kvstack.router.scheduling.plugins import FILTERS, PICKERS, SCORERS
 from kvstack.router.scheduling.plugins.base import (
     Candidate,

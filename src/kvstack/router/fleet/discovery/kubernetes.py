@@ -19,8 +19,9 @@ from typing import Any
 
 from kvstack.errors import require
 from kvstack.log import IncidentLogger
-from kvstack.router.config import KubernetesConfig, RouterConfig
+from kvstack.router.config import RouterConfig
 from kvstack.router.fleet.backends import Backend
+from kvstack.router.fleet.config import KubernetesConfig
 from kvstack.router.fleet.discovery.base import Discovery, Publish
 
 __all__ = ["KubernetesDiscovery", "pod_backend"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstack.router.config import BackendConfig, RouterConfig
+from kvstack.router.config import RouterConfig
 from kvstack.router.fleet.backends import Backend
+from kvstack.router.fleet.config import BackendConfig
 from kvstack.router.fleet.discovery.base import Discovery, Publish
 
 __all__ = ["StaticDiscovery", "backend_from_config"]
