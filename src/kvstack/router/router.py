@@ -26,7 +26,7 @@ from kvstack.router.scheduling.model_routes import ModelRouter
 from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
 from kvstack.router.scheduling.plugins.base import Plugin, PluginContext, RequestPreparer
 from kvstack.router.telemetry import Telemetry
-from kvstack.router.upstream.control import UpstreamClient
+from kvstack.router.upstream.control import ControlClient
 from kvstack.router.upstream.pool import UpstreamPool
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class Router:
         rng = random.Random(config.seed)
         self.pool = BackendPool(stale_after_s=config.scrape.stale_after_s)
         self.discovery = discovery or make_discovery(config)
-        self.client = UpstreamClient(config.timeouts)  # control plane: health, models, metrics
+        self.client = ControlClient()  # control plane: health, models, metrics
         self.upstreams = UpstreamPool(config.timeouts.connect_s)  # the proxied requests
         self.auth = ApiKeys(config.auth)
         self.telemetry = Telemetry()

@@ -21,7 +21,7 @@ from kvstack.log import IncidentLogger
 from kvstack.metrics import counter
 from kvstack.router.fleet.backends import BackendPool, BackendState
 from kvstack.router.fleet.config import HealthConfig
-from kvstack.router.upstream.control import UpstreamClient
+from kvstack.router.upstream.control import ControlClient
 
 __all__ = ["HealthChecker"]
 
@@ -36,7 +36,7 @@ class HealthChecker:
     def __init__(
         self,
         pool: BackendPool,
-        client: UpstreamClient,
+        client: ControlClient,
         config: HealthConfig,
         on_round: Callable[[], None] | None = None,
     ) -> None:

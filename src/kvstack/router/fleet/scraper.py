@@ -17,7 +17,7 @@ from kvstack.metrics import counter
 from kvstack.router.fleet.backends import BackendPool, BackendState
 from kvstack.router.fleet.config import ScrapeConfig
 from kvstack.router.fleet.engine_metrics import parse_engine_metrics
-from kvstack.router.upstream.control import UpstreamClient
+from kvstack.router.upstream.control import ControlClient
 
 __all__ = ["MetricsScraper"]
 
@@ -29,7 +29,7 @@ SCRAPE_ERRORS = counter(
 
 
 class MetricsScraper:
-    def __init__(self, pool: BackendPool, client: UpstreamClient, config: ScrapeConfig) -> None:
+    def __init__(self, pool: BackendPool, client: ControlClient, config: ScrapeConfig) -> None:
         self._pool = pool
         self._client = client
         self._config = config

@@ -6,8 +6,7 @@ with the adapter control plane and an admin key, its admin API under ``/admin/lo
 
 Why this HTTP stack (measured, not guessed) — on the 2-core development machine, ``wrk``
 (1 thread) driving a minimal JSON-forwarding proxy in front of the trivial upstream of
-:mod:`kvstack.router.perf.upstream`, all three sharing the two cores (req/s at 8 / 64
-connections):
+``kvstack bench router``, all three sharing the two cores (req/s at 8 / 64 connections):
 
 - bare ASGI callable on uvicorn (httptools, uvloop) + aiohttp client: 7,000 / 6,960
 - Starlette on the same uvicorn + aiohttp client: 4,900 / 4,670
@@ -18,10 +17,11 @@ connections):
 So uvicorn with httptools and uvloop runs a hand-routed ASGI callable (Starlette's request
 objects and routing cost ~30%). For the upstream side, CPU per request decided: aiohttp's
 client spent ~110 µs per POST and answer, a bare ``asyncio.Protocol`` with httptools ~8 µs
-(:mod:`kvstack.router.upstream.connection`), so proxied requests use that lean client and aiohttp
-serves only the control plane. JSON is parsed with msgspec. Where the rest goes (py-spy and
-in-process measurement): socket writes and reads (the kernel's loopback TCP), uvicorn's own
-~30 µs, and ~50 µs of the router's logic (parsing, pipeline, accounting, metrics).
+(:mod:`kvstack.router.upstream.connection`), so proxied requests use that lean client; the
+control plane's few requests (health, models, metrics) use httpx, the one client library of the
+process (:mod:`kvstack.router.upstream.control`). JSON is parsed with msgspec. Where the rest
+goes (py-spy and in-process measurement): socket writes and reads (the kernel's loopback TCP),
+uvicorn's own ~30 µs, and ~50 µs of the router's logic (parsing, pipeline, accounting, metrics).
 """
 
 from __future__ import annotations

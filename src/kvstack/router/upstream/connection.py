@@ -1,8 +1,14 @@
 """One keep-alive HTTP/1.1 connection to a backend, for the proxy's hot path.
 
-A bare ``asyncio.Protocol`` with httptools parsing the response: measured on the 2-core
-development machine, a POST and its answer cost ~8 µs of CPU this way against ~110 µs through
-aiohttp's client, which was the largest single cost of the router (see :mod:`.app`).
+A bare ``asyncio.Protocol`` with httptools parsing the response, hand-written because it was
+measured against the libraries (2-core development machine, when it replaced aiohttp on this
+path): a POST and its answer cost ~8 µs of CPU this way against ~110 µs through aiohttp's
+client, which had been the largest single cost of the router; httpx's pooled ``AsyncClient``
+in the same place served 37 / 29 req/s at 8 / 64 connections (one sequential POST ~1.7 ms,
+aiohttp ~0.17 ms), where aiohttp served 7,000 / 6,960 (see :mod:`kvstack.router.http.app`).
+With it the whole router spends 155–185 µs of CPU per proxied request and sustains a median
+5,900 req/s (``kvstack bench router``, ``docs/benchmarks.md``). The control plane's few
+requests go through httpx (:mod:`kvstack.router.upstream.control`).
 
 Protocol per request: ``send(raw)`` → ``await head()`` (status and raw headers) → ``await
 read_chunk()`` until it returns ``b""`` (or ``await read_all()``). httptools undoes chunked

@@ -1,72 +1,75 @@
-"""The control-plane HTTP client: health checks, model lists, metric scrapes (aiohttp).
+"""The control-plane HTTP client: health checks, model lists, metric scrapes (httpx).
 
-These requests are few (a handful per backend per second), so they use aiohttp, a complete
-client, rather than the lean connection pool of the proxied path
-(:mod:`kvstack.router.upstream.pool`). Failures become :class:`UpstreamError` with a kind
-(connect, timeout, disconnect, error).
+These requests are few (per backend: a health check every ``health.interval_s``, its model list
+every ``models_interval_s``, a scrape every ``scrape.interval_s``), so they use httpx, the one
+async HTTP client library of the router process (the index lookups and the adapter manager's
+engine calls use it too), rather than the lean connections of the proxied path
+(:mod:`kvstack.router.upstream.pool`). Each GET is bounded by its timeout as a whole, connect
+to last byte. Compression is refused (``accept-encoding: identity``): a metrics page is read
+on every scrape, and inflating it would cost more than the loopback or LAN transfer saves.
+Failures become :class:`UpstreamError` with a kind (connect, timeout, disconnect, error).
 """
 
 from __future__ import annotations
 
-import sys
+import asyncio
 
-import aiohttp
+import httpx
 
 from kvstack.errors import UpstreamError
-from kvstack.router.config import TimeoutsConfig
 
-if sys.version_info >= (3, 11):
-    from asyncio import timeout
-else:  # pragma: no cover - aiohttp depends on async-timeout before 3.11
-    from async_timeout import timeout
+__all__ = ["ControlClient"]
 
-__all__ = ["UpstreamClient", "as_upstream_error", "timeout"]
+# Below uvicorn's 5 s keep-alive (vLLM's server): an idle connection is closed here first.
+KEEPALIVE_EXPIRY_S = 4.0
+_HEADERS = {"accept-encoding": "identity", "user-agent": "kvstack-router"}
 
 
-def as_upstream_error(exc: BaseException, backend: str) -> UpstreamError:
+def _upstream_error(exc: BaseException, backend: str) -> UpstreamError:
     """Classify a client-side failure talking to ``backend``."""
     if isinstance(exc, UpstreamError):
         return exc
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return UpstreamError(f"cannot connect to backend {backend}: {exc.os_error}", "connect")
-    if isinstance(exc, TimeoutError):
+    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
+        return UpstreamError(f"cannot connect to backend {backend}: {exc}", "connect")
+    if isinstance(exc, TimeoutError | httpx.TimeoutException):
         return UpstreamError(f"backend {backend} timed out", "timeout", 504)
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
         return UpstreamError(f"backend {backend} closed the connection: {exc}", "disconnect")
     return UpstreamError(f"backend {backend} failed: {type(exc).__name__}: {exc}", "error")
 
 
-class UpstreamClient:
+class ControlClient:
     """A keep-alive connection pool to every backend; start() before use, close() after."""
 
-    def __init__(self, timeouts: TimeoutsConfig) -> None:
-        self._timeouts = timeouts
-        self._session: aiohttp.ClientSession | None = None
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, ttl_dns_cache=60)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                auto_decompress=False,
-                skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        if self._client is None:
+            limits = httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=None,
+                keepalive_expiry=KEEPALIVE_EXPIRY_S,
+            )
+            self._client = httpx.AsyncClient(
+                limits=limits, headers=_HEADERS, follow_redirects=False, timeout=None
             )
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
 
     @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            raise RuntimeError("UpstreamClient.start() was not called")
-        return self._session
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            raise RuntimeError("ControlClient.start() was not called")
+        return self._client
 
     async def get(self, url: str, timeout_s: float) -> tuple[int, bytes]:
         """A small GET (health, models, metrics) bounded by ``timeout_s`` in all."""
         try:
-            async with timeout(timeout_s), self.session.get(url, allow_redirects=False) as resp:
-                return resp.status, await resp.read()
-        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            raise as_upstream_error(exc, url) from None
+            response = await asyncio.wait_for(self.client.get(url), timeout_s)
+        except (httpx.HTTPError, OSError, TimeoutError) as exc:
+            raise _upstream_error(exc, url) from None
+        return response.status_code, response.content
