@@ -10,7 +10,7 @@ import pytest
 from kvstack.errors import ConfigError
 from kvstack.router.config import PipelineConfig, PluginSpec, RouterConfig
 from kvstack.router.fleet.backends import Backend, BackendState
-from kvstack.router.fleet.engine_metrics import EngineMetrics
+from kvstack.router.fleet.engine_metrics import ScrapedMetrics
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.cost_model import CostInputs, CostModel, CostPrior
 from kvstack.router.scheduling.pipeline import Pipeline
@@ -23,7 +23,7 @@ SYSTEM = " ".join(f"t{i}" for i in range(100, 1100))  # 1,000 tokens for the sim
 def backend(name: str, kv: float | None = None) -> BackendState:
     s = BackendState(Backend(name, f"http://{name}:1", static_models=frozenset({"m"})))
     if kv is not None:
-        s.set_engine_metrics(EngineMetrics(time.monotonic(), running=0, waiting=0, kv_usage=kv))
+        s.set_engine_metrics(ScrapedMetrics(time.monotonic(), running=0, waiting=0, kv_usage=kv))
     return s
 
 
@@ -177,7 +177,7 @@ def test_precise_fullness_counts_prompts_in_flight_before_their_events() -> None
     state = prefix_state(ctx)
     b = backend("a")
     b.set_engine_metrics(
-        EngineMetrics(time.monotonic(), running=0, waiting=0, block_size=16, num_gpu_blocks=256)
+        ScrapedMetrics(time.monotonic(), running=0, waiting=0, block_size=16, num_gpu_blocks=256)
     )
     state.started(b.id, complete=True)  # precise: the engine's events are the belief
     assert state.is_precise(b.id) and state.fullness(b, precise=True) == 0.0

@@ -8,7 +8,7 @@ import time
 from types import SimpleNamespace
 
 from kvstack.router.fleet.backends import Backend, BackendState
-from kvstack.router.fleet.engine_metrics import EngineMetrics
+from kvstack.router.fleet.engine_metrics import ScrapedMetrics
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins import SCORERS, PluginContext
 
@@ -17,7 +17,7 @@ def backend(name: str, running: tuple[str, ...] = (), max_loras: int | None = 2)
     s = BackendState(Backend(name, f"http://{name}:1"))
     s.set_models([{"id": "base"}, *({"id": a, "parent": "base"} for a in ("x", "y", "z"))], 0.0)
     s.set_engine_metrics(
-        EngineMetrics(time.monotonic(), running=1, waiting=0, running_adapters=running,
+        ScrapedMetrics(time.monotonic(), running=1, waiting=0, running_adapters=running,
                       max_loras=max_loras)
     )  # fmt: skip
     return s

@@ -11,7 +11,7 @@ import pytest
 from kvstack.errors import ConfigError, NoBackendError
 from kvstack.router.config import EjectionConfig, PipelineConfig, PluginSpec
 from kvstack.router.fleet.backends import Backend, BackendState
-from kvstack.router.fleet.engine_metrics import EngineMetrics
+from kvstack.router.fleet.engine_metrics import ScrapedMetrics
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.pipeline import Pipeline, eligible_backends, preset
 from kvstack.router.scheduling.plugins import FILTERS, PICKERS, SCORERS, PluginContext
@@ -32,7 +32,7 @@ def state(
         s.load.acquire(10)
     if waiting is not None or kv is not None:
         s.set_engine_metrics(
-            EngineMetrics(time.monotonic(), running=0, waiting=waiting, kv_usage=kv)
+            ScrapedMetrics(time.monotonic(), running=0, waiting=waiting, kv_usage=kv)
         )
     return s
 
@@ -124,7 +124,7 @@ def test_session_affinity_pins_by_rendezvous_and_yields() -> None:
         b for b in backends if b is pinned or b.id == rendezvous_rank("user-1", backends)[1].id
     ]
     assert p.decide(request("user-1"), survivors).backend is pinned
-    pinned.set_engine_metrics(EngineMetrics(time.monotonic(), running=1, waiting=9))
+    pinned.set_engine_metrics(ScrapedMetrics(time.monotonic(), running=1, waiting=9))
     d = p.decide(request("user-1"), backends)
     assert d.backend is not pinned and "session_affinity=yield:waiting" in d.notes
     assert d.reason == "least_load"

@@ -122,13 +122,13 @@ def test_saturation_counts_stale_metrics_only_once_scraped() -> None:
     import time
 
     from kvstack.router.fleet.backends import Backend, BackendState
-    from kvstack.router.fleet.engine_metrics import EngineMetrics
+    from kvstack.router.fleet.engine_metrics import ScrapedMetrics
     from kvstack.router.fleet.saturation import FleetSaturation, SaturationLimits
 
     limits = SaturationLimits(max_pending=2, stale_saturates=True)
     never = BackendState(Backend("never", "http://never:1"))
     stale = BackendState(Backend("stale", "http://stale:1"), stale_after_s=1.0)
-    stale.set_engine_metrics(EngineMetrics(time.monotonic() - 5, running=0, waiting=0))
+    stale.set_engine_metrics(ScrapedMetrics(time.monotonic() - 5, running=0, waiting=0))
     assert limits.reason(never) is None and limits.reason(stale) == "stale"
     never.load.acquire(10)
     assert limits.room(never) == 1

@@ -25,7 +25,7 @@ from kvstack.router.fleet.backends import BackendPool, BackendState, BackendView
 from kvstack.router.http.responses import HOP_BY_HOP, Send
 from kvstack.router.pd.step import PrefillStep, decode_candidates
 from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
-from kvstack.router.scheduling.pipeline import Decision, Pipeline, eligible_backends
+from kvstack.router.scheduling.pipeline import Pipeline, RoutingDecision, eligible_backends
 from kvstack.router.scheduling.plugins.base import PluginContext, RequestObserver, RequestPreparer
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream.pool import Deadline, UpstreamPool
@@ -145,7 +145,7 @@ class Proxy:
         assert failure is not None
         raise failure
 
-    def _decide(self, request: RoutingRequest, everyone: Sequence[BackendView]) -> Decision:
+    def _decide(self, request: RoutingRequest, everyone: Sequence[BackendView]) -> RoutingDecision:
         candidates = list(everyone)
         if self.adapters is not None:
             candidates = self.adapters.candidates(request, candidates)
@@ -160,9 +160,9 @@ class Proxy:
         request: RoutingRequest,
         headers: dict[str, str],
         everyone: Sequence[BackendView],
-        decision: Decision,
+        decision: RoutingDecision,
         adapter: AdapterDecision | None,
-    ) -> Decision:
+    ) -> RoutingDecision:
         assert self.pd is not None
         uncached = prefill_tokens(request, decision.backend.id)
         outcome = await self.pd.run(
@@ -178,7 +178,7 @@ class Proxy:
         headers: dict[str, str],
         send: Send,
         exchange: Exchange,
-        decision: Decision,
+        decision: RoutingDecision,
         total: Deadline,
         adapter: AdapterDecision | None = None,
         extra_headers: Sequence[tuple[bytes, bytes]] = (),
@@ -237,7 +237,7 @@ class Proxy:
 
     @staticmethod
     def _decision_headers(
-        request: RoutingRequest, decision: Decision, attempt: int
+        request: RoutingRequest, decision: RoutingDecision, attempt: int
     ) -> list[tuple[bytes, bytes]]:
         value = decision.header() + (f";attempt={attempt}" if attempt > 1 else "")
         return [

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from kvstack.router.fleet.config import EjectionConfig
 from kvstack.router.fleet.ejection import EjectionState
-from kvstack.router.fleet.engine_metrics import EngineMetrics
+from kvstack.router.fleet.engine_metrics import ScrapedMetrics
 from kvstack.router.fleet.load import LoadCounters
 
 __all__ = ["Backend", "BackendPool", "BackendState", "BackendView"]
@@ -61,7 +61,7 @@ class BackendView(Protocol):
         """Router requests sent and not yet at their first token."""
 
     @property
-    def engine(self) -> EngineMetrics | None:
+    def engine(self) -> ScrapedMetrics | None:
         """The last scrape if it is fresh, else None."""
 
     @property
@@ -88,7 +88,7 @@ class BackendState:
         self.models_read_at_s: float | None = None
         self._models: frozenset[str] = backend.static_models or frozenset()
         self._adapters: dict[str, str] = {}
-        self._scrape: EngineMetrics | None = None
+        self._scrape: ScrapedMetrics | None = None
         self._external_requests = 0.0
 
     # -- BackendView
@@ -121,7 +121,7 @@ class BackendState:
         return self.load.pending
 
     @property
-    def engine(self) -> EngineMetrics | None:
+    def engine(self) -> ScrapedMetrics | None:
         scrape = self._scrape
         if scrape is None or time.monotonic() - scrape.scraped_at_s > self.stale_after_s:
             return None
@@ -146,7 +146,7 @@ class BackendState:
         """Reachable and not ejected: the backends routing prefers."""
         return self.healthy is not False and not self.ejection.is_ejected(now_s)
 
-    def set_engine_metrics(self, metrics: EngineMetrics) -> None:
+    def set_engine_metrics(self, metrics: ScrapedMetrics) -> None:
         self._scrape = metrics
         # What the engine holds beyond what this router sent: other routers, direct clients.
         self._external_requests = max(0.0, metrics.num_requests - self.load.in_flight)

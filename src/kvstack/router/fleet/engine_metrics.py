@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass
 
-__all__ = ["EngineMetrics", "parse_engine_metrics"]
+__all__ = ["ScrapedMetrics", "parse_engine_metrics"]
 
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
@@ -28,7 +28,7 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True, slots=True)
-class EngineMetrics:
+class ScrapedMetrics:
     """One scrape. ``None`` means the engine does not export that series."""
 
     scraped_at_s: float  # time.monotonic()
@@ -49,7 +49,7 @@ class EngineMetrics:
         return (self.running or 0.0) + (self.waiting or 0.0)
 
 
-def parse_engine_metrics(text: str, scraped_at_s: float) -> EngineMetrics:
+def parse_engine_metrics(text: str, scraped_at_s: float) -> ScrapedMetrics:
     samples: dict[str, list[tuple[dict[str, str], float]]] = {}
     for line in text.splitlines():
         if not line.startswith(_WANTED):
@@ -67,7 +67,7 @@ def parse_engine_metrics(text: str, scraped_at_s: float) -> EngineMetrics:
         samples.setdefault(match.group(1), []).append((labels, value))
     lora = _latest(samples, LORA_INFO)
     cache = _latest(samples, CACHE_CONFIG)
-    return EngineMetrics(
+    return ScrapedMetrics(
         scraped_at_s=scraped_at_s,
         running=_total(samples, RUNNING),
         waiting=_total(samples, WAITING),

@@ -33,7 +33,7 @@ from kvstack.metrics import counter, histogram
 from kvstack.router.fleet.backends import BackendState, BackendView
 from kvstack.router.pd.config import PDConfig
 from kvstack.router.request import RoutingRequest, encode_body
-from kvstack.router.scheduling.pipeline import Decision, Pipeline
+from kvstack.router.scheduling.pipeline import Pipeline, RoutingDecision
 from kvstack.router.scheduling.plugins.base import RequestObserver
 from kvstack.router.upstream.pool import Deadline
 from kvstack.router.upstream.relay import Relay
@@ -96,7 +96,7 @@ class PrefillStep:
         path: str,
         headers: dict[str, str],
         backends: Sequence[BackendView],
-        decode: Decision,
+        decode: RoutingDecision,
         uncached_tokens: int,
         observers: Sequence[RequestObserver],
         adapter: AdapterDecision | None = None,
@@ -147,7 +147,7 @@ class PrefillStep:
         request: RoutingRequest,
         path: str,
         headers: dict[str, str],
-        chosen: Decision,
+        chosen: RoutingDecision,
         uncached_tokens: int,
         observers: Sequence[RequestObserver],
         model: str,

@@ -18,10 +18,10 @@ from kvstack.errors import NoBackendError, UnknownModelError
 from kvstack.router.config import ModelRoute, ModelTarget
 from kvstack.router.fleet.backends import BackendState
 
-__all__ = ["ModelRouter", "Resolution"]
+__all__ = ["ModelRouter", "RouteResolution"]
 
 
-class Resolution(NamedTuple):
+class RouteResolution(NamedTuple):
     target: str
     route: str | None  # the route that chose it, if any
 
@@ -39,13 +39,13 @@ class ModelRouter:
 
     def resolve(
         self, model: str, states: Sequence[BackendState], session_key: str | None = None
-    ) -> Resolution:
+    ) -> RouteResolution:
         name = self.aliases.get(model, model)
         route = self.routes.get(name)
         if route is not None:
-            return Resolution(self._pick_target(route, states, session_key), route.name)
+            return RouteResolution(self._pick_target(route, states, session_key), route.name)
         if any(name in s.models for s in states):
-            return Resolution(name, None)
+            return RouteResolution(name, None)
         if states and not any(s.models for s in states):
             raise NoBackendError("no backend has reported its models yet")
         raise UnknownModelError(model, self.known(states))

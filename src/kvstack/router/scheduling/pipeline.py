@@ -1,4 +1,4 @@
-"""The scheduling pipeline: eligible backends → filters → weighted scorers → picker → Decision.
+"""The scheduling pipeline: eligible backends → filters → weighted scorers → picker → decision.
 
 The pipeline is synchronous and reads a snapshot of the pool, so a caller may run it at any
 moment (at arrival, or at dispatch for late binding). It explains every decision: the reason is
@@ -29,14 +29,14 @@ from kvstack.router.scheduling.plugins.base import (
 )
 from kvstack.router.telemetry import PANIC
 
-__all__ = ["Decision", "Pipeline", "build_plugin", "eligible_backends", "preset"]
+__all__ = ["Pipeline", "RoutingDecision", "build_plugin", "eligible_backends", "preset"]
 
 _EPS = 1e-9
 P = TypeVar("P", bound=Plugin)
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class RoutingDecision:
     backend: BackendView
     reason: str
     score: float
@@ -78,7 +78,7 @@ class Pipeline:
     def plugins(self) -> list[Plugin]:
         return [*self.filters, *(w.scorer for w in self.scorers), self.picker]
 
-    def decide(self, request: RoutingRequest, candidates: Sequence[BackendView]) -> Decision:
+    def decide(self, request: RoutingRequest, candidates: Sequence[BackendView]) -> RoutingDecision:
         """Choose one of ``candidates`` (eligible backends, see :func:`eligible_backends`)."""
         backends = list(candidates)
         for f in self.filters:
@@ -87,7 +87,7 @@ class Pipeline:
             names = ", ".join(f.name for f in self.filters)
             raise NoBackendError(f"filters ({names}) left no backend for model {request.target!r}")
         if len(backends) == 1:
-            return Decision(backends[0], "only_candidate", 0.0, 1)
+            return RoutingDecision(backends[0], "only_candidate", 0.0, 1)
         results = [(w, w.scorer.score(request, backends)) for w in self.scorers]
         totals = {b.id: 0.0 for b in backends}
         for w, result in results:
@@ -101,7 +101,7 @@ class Pipeline:
         notes = tuple(n for n in notes if n)
         if tie_note:
             notes += (tie_note,)
-        return Decision(chosen.backend, reason, chosen.score, len(backends), notes)
+        return RoutingDecision(chosen.backend, reason, chosen.score, len(backends), notes)
 
     def _reason(
         self,
