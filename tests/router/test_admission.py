@@ -7,7 +7,8 @@ import asyncio
 import aiohttp
 
 from kvstack.errors import RequestError
-from kvstack.router.admission.base import ADMISSIONS, Admission, Permit
+from kvstack.router.admission.base import ADMISSIONS, Admission
+from kvstack.router.admission.permit import Permit
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins.base import PluginContext
 from tests.router.conftest import RouterFactory, engines

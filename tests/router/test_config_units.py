@@ -12,7 +12,7 @@ from kvstack.router.cli import parse_args
 from kvstack.router.config import AuthConfig, ModelRoute, RouterConfig
 from kvstack.router.fleet.backends import Backend, BackendState
 from kvstack.router.http.auth import ApiKeys, parse_keys_file
-from kvstack.router.request import parse_request
+from kvstack.router.http.parse import parse_request
 from kvstack.router.scheduling.model_routes import ModelRouter
 
 

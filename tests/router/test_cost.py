@@ -96,14 +96,12 @@ def test_a_hot_prefix_spreads_through_the_pipeline_and_in_flight_accounting() ->
     pipeline = ttft_pipeline(ctx, prefill_tokens_per_s=1000.0, base_s=0.0, per_running_s=0.0)
     state = prefix_state(ctx)
     backends = [backend(n) for n in "abcd"]
-    from kvstack.router.proxy import prefill_tokens
-
     chosen = []
     for i in range(40):  # a burst: nothing finishes, every decision sees the leases before it
         req = request(f"q{i}")
         decision = pipeline.decide(req, backends)
-        target = backends["abcd".index(decision.backend.id)]
-        target.load.acquire(prefill_tokens(req, target.id))
+        target = decision.backend  # the live state: the lease goes on it
+        target.load.acquire(req.prefill_tokens(target.id))
         state.on_dispatch(req, target)
         chosen.append(decision.backend.id)
     counts = {n: chosen.count(n) for n in "abcd"}

@@ -19,7 +19,7 @@ from kvstack.router.fleet.backends import Backend, BackendState
 from kvstack.router.prefix.shared import SharedTierLookup, tier_kind
 from kvstack.router.prefix.view import credited_tokens
 from kvstack.router.scheduling.config import DEFAULT_TIER_WEIGHTS, PrefixConfig
-from kvstack.router.scheduling.prompts import PromptTokens
+from kvstack.router.scheduling.tokenizers import PromptTokens
 from tests.conftest import free_port
 
 CHUNK = 16

@@ -1,28 +1,22 @@
 """Admission: may this request go to a backend now? The seam for priorities and shedding.
 
 The proxy calls ``await admission.admit(request)`` after parsing and model routing and before
-the pipeline picks a backend, and releases the returned permit when the request ends however
-it ends. Because the backend is chosen only after ``admit`` returns, a queueing admission
-gets late binding for free. An admission sheds a request by raising
-:class:`~kvstack.errors.RequestError` (429 with ``retry_after_s``). Part 1 ships the trivial
-``immediate`` admission; part 2 the ``priority`` admission
-(:mod:`kvstack.router.admission.priority`).
+the pipeline picks a backend; the returned :class:`~kvstack.router.admission.permit.Permit`
+goes into the request's state, which releases it when the request ends however it ends.
+Because the backend is chosen only after ``admit`` returns, a queueing admission gets late
+binding for free. An admission sheds a request by raising :class:`~kvstack.errors.RequestError`
+(429 with ``retry_after_s``). Registered: ``immediate`` (every request at once) and
+``priority`` (:mod:`kvstack.router.admission.priority`).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from kvstack.registry import Registry
+from kvstack.router.admission.permit import NO_PERMIT, Permit
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins.base import Plugin
 
-__all__ = ["ADMISSIONS", "Admission", "ImmediateAdmission", "Permit"]
-
-
-class Permit(Protocol):
-    def release(self) -> None:
-        """The request ended (answered, failed or cancelled); called exactly once."""
+__all__ = ["ADMISSIONS", "Admission", "ImmediateAdmission"]
 
 
 class Admission(Plugin):
@@ -31,23 +25,13 @@ class Admission(Plugin):
         raise NotImplementedError
 
 
-class _NoPermit:
-    __slots__ = ()
-
-    def release(self) -> None:
-        return None
-
-
-_NO_PERMIT = _NoPermit()
-
-
 class ImmediateAdmission(Admission):
     """Every request goes at once."""
 
     name = "immediate"
 
     async def admit(self, request: RoutingRequest) -> Permit:
-        return _NO_PERMIT
+        return NO_PERMIT
 
 
 ADMISSIONS: Registry[type[Admission]] = Registry("admission")

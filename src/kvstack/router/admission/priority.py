@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,8 +31,9 @@ from pydantic import ValidationError
 
 from kvstack.errors import ConfigError, NoBackendError, RequestError
 from kvstack.metrics import counter, gauge, histogram
-from kvstack.router.admission.base import Admission, Permit
+from kvstack.router.admission.base import Admission
 from kvstack.router.admission.config import PRIORITIES, PriorityConfig
+from kvstack.router.admission.permit import Permit
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.fleet.saturation import FleetSaturation
 from kvstack.router.request import RoutingRequest
@@ -51,7 +53,6 @@ WAIT = histogram(
 ADMITTED = counter(
     "kvstack_router_admitted_total", "Requests admitted, by priority and path", ["priority", "path"]
 )
-PERMIT_KEY = "admission_permit"
 
 
 @dataclass(eq=False)
@@ -150,9 +151,7 @@ class PriorityAdmission(Admission):
 
     def _permit(self, request: RoutingRequest, priority: str, path: str, counted: bool) -> Permit:
         ADMITTED.labels(priority, path).inc()
-        permit = _Permit(self, request.target, counted)
-        request.scratch[PERMIT_KEY] = permit
-        return permit
+        return _Permit(self, request.target, counted)
 
     def _shed(self, request: RoutingRequest, priority: str, reason: str) -> RequestError:
         SHED.labels(priority, reason).inc()
@@ -174,7 +173,7 @@ class PriorityAdmission(Admission):
         QUEUED.labels(waiter.priority).set(len(queue))
 
     # -- room ------------------------------------------------------------------------------
-    def _candidates(self, target: str) -> list[BackendView]:
+    def _candidates(self, target: str) -> Sequence[BackendView]:
         pool = self.context.pool
         if pool is None:
             return []
@@ -225,7 +224,7 @@ class PriorityAdmission(Admission):
 
     # -- RequestObserver: room changes -----------------------------------------------------
     def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
-        permit = request.scratch.get(PERMIT_KEY)
+        permit = request.state.permit  # the proxy keeps what admit returned there
         if isinstance(permit, _Permit):
             permit.dispatched()
 

@@ -32,7 +32,8 @@ import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from kvstack.errors import NoBackendError, RequestError, UnknownModelError, UpstreamError
+from kvstack.errors import NoBackendError, RequestError, UpstreamError
+from kvstack.router.http.parse import parse_request
 from kvstack.router.http.responses import (
     Receive,
     Scope,
@@ -43,7 +44,7 @@ from kvstack.router.http.responses import (
     send_error,
     send_json,
 )
-from kvstack.router.request import Endpoint, RoutingRequest, encode_body, parse_request
+from kvstack.router.request import Endpoint, RoutingRequest
 from kvstack.router.router import Router
 from kvstack.router.upstream.relay import Exchange, RetryableStatus
 
@@ -62,9 +63,7 @@ class RouterApp:
         self._limit = router.config.limits.max_request_bytes
         self._session_header = router.config.session_header
         self._admin_path = router.config.adapters.admin_path + "/"
-        self._admin = None  # the adapter admin API (Starlette), when there is an admin key
-        if router.lora is not None and router.lora.config.admin_key is not None:
-            self._admin = router.lora.admin_app()
+        self._admin = router.admin_app  # the adapter admin API, when there is an admin key
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -143,20 +142,7 @@ class RouterApp:
             tenant=tenant,
             arrival_s=arrival_s,
         )
-        states = self.router.pool.states()
-        gate = self.router.adapters
-        try:
-            resolution = self.router.models.resolve(request.model, states, request.session_id)
-        except UnknownModelError:
-            if gate is None or not gate.knows(request.model):
-                raise
-            return gate.resolve(request, body)  # a registered adapter no engine has loaded
-        if resolution.target != request.model:
-            request = request.with_target(resolution.target)
-            body = encode_body({**request.body, "model": resolution.target})
-        if gate is not None:
-            request, body = gate.resolve(request, body)
-        return request, body
+        return self.router.resolve_target(request, body)
 
     async def _forward(
         self, request: RoutingRequest, body: bytes, receive: Receive, send: Send, ex: Exchange

@@ -12,6 +12,8 @@ from kvstack.errors import RequestError
 
 __all__ = [
     "HOP_BY_HOP",
+    "ASGIApp",
+    "RawHeaders",
     "Receive",
     "Scope",
     "Send",
@@ -27,6 +29,7 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 RawHeaders = list[tuple[bytes, bytes]]
 
 # Headers that describe one connection, never forwarded (RFC 9110 §7.6.1), plus those the

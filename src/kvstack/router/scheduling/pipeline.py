@@ -1,7 +1,10 @@
 """The scheduling pipeline: eligible backends → filters → weighted scorers → picker → decision.
 
 The pipeline is synchronous and reads a snapshot of the pool, so a caller may run it at any
-moment (at arrival, or at dispatch for late binding). It explains every decision: the reason is
+moment (at arrival, or at dispatch for late binding). It takes the candidates' live states,
+shows the plugins read-only views of them, and hands back the chosen one's state
+(``RoutingDecision.backend``): the handle the proxy takes load leases on and records failures
+against. It explains every decision: the reason is
 the scorer whose weighted score separated the chosen backend from the runner-up, or the picker's
 tie-break when none did (``round_robin``, ``random``), or ``only_candidate``.
 """
@@ -37,7 +40,7 @@ P = TypeVar("P", bound=Plugin)
 
 @dataclass(frozen=True, slots=True)
 class RoutingDecision:
-    backend: BackendView
+    backend: BackendState  # the chosen backend's live state
     reason: str
     score: float
     num_candidates: int
@@ -78,16 +81,19 @@ class Pipeline:
     def plugins(self) -> list[Plugin]:
         return [*self.filters, *(w.scorer for w in self.scorers), self.picker]
 
-    def decide(self, request: RoutingRequest, candidates: Sequence[BackendView]) -> RoutingDecision:
+    def decide(
+        self, request: RoutingRequest, candidates: Sequence[BackendState]
+    ) -> RoutingDecision:
         """Choose one of ``candidates`` (eligible backends, see :func:`eligible_backends`)."""
-        backends = list(candidates)
+        states = {s.id: s for s in candidates}
+        backends: list[BackendView] = list(candidates)
         for f in self.filters:
             backends = f.filter(request, backends)
         if not backends:
             names = ", ".join(f.name for f in self.filters)
             raise NoBackendError(f"filters ({names}) left no backend for model {request.target!r}")
         if len(backends) == 1:
-            return RoutingDecision(backends[0], "only_candidate", 0.0, 1)
+            return RoutingDecision(states[backends[0].id], "only_candidate", 0.0, 1)
         results = [(w, w.scorer.score(request, backends)) for w in self.scorers]
         totals = {b.id: 0.0 for b in backends}
         for w, result in results:
@@ -101,7 +107,8 @@ class Pipeline:
         notes = tuple(n for n in notes if n)
         if tie_note:
             notes += (tie_note,)
-        return RoutingDecision(chosen.backend, reason, chosen.score, len(backends), notes)
+        chosen_state = states[chosen.backend.id]
+        return RoutingDecision(chosen_state, reason, chosen.score, len(backends), notes)
 
     def _reason(
         self,
@@ -136,14 +143,14 @@ def _note(name: str, result: ScoreResult, chosen: str) -> str:
 
 def eligible_backends(
     states: Sequence[BackendState], target: str, exclude: Collection[str] = ()
-) -> list[BackendView]:
+) -> list[BackendState]:
     """Backends serving ``target`` that are reachable and not in ``exclude``, the ejected ones
     left out unless every candidate is ejected ("panic": passive ejection must not turn a
     fleet that answers health checks into a 503); NoBackendError says why there is none."""
     now_s = time.monotonic()
     serving = [s for s in states if target in s.models]
     reachable = [s for s in serving if s.id not in exclude and s.reachable]
-    eligible: list[BackendView] = [s for s in reachable if not s.ejection.is_ejected(now_s)]
+    eligible = [s for s in reachable if not s.ejection.is_ejected(now_s)]
     if eligible:
         return eligible
     if reachable:

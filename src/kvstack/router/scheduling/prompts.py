@@ -13,34 +13,29 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from kvstack.index.radix import Namespace
-from kvstack.router.adapters import ADAPTER_KEY
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.config import PrefixConfig
-from kvstack.router.scheduling.tokenizers import CharBlocks, PromptTokenizer, make_tokenizer
+from kvstack.router.scheduling.tokenizers import (
+    CharBlocks,
+    PromptTokenizer,
+    PromptTokens,
+    make_tokenizer,
+)
 
-__all__ = ["PromptRenderer", "PromptTokens", "split_target"]
+__all__ = ["PromptRenderer", "split_target"]
 
 log = logging.getLogger(__name__)
-SCRATCH_KEY = "prompt"
-
-
-@dataclass(frozen=True, slots=True)
-class PromptTokens:
-    tokens: list[int]
-    namespace: Namespace
-    exact: bool  # the engine's own ids: KV events and shared tiers can match them
 
 
 def _base_and_adapter(request: RoutingRequest, backends: Sequence[BackendView]) -> tuple[str, str]:
     """A request resolved by the adapter control plane targets its base model; its KV lives
     under the adapter's engine-side name (``adapter_id@version``), as vLLM's events name it."""
-    resolution = request.scratch.get(ADAPTER_KEY)
+    resolution = request.state.adapter
     if resolution is not None:
-        return request.target, str(resolution.engine_name)
+        return request.target, resolution.engine_name
     return split_target(request.target, backends)
 
 
@@ -74,8 +69,8 @@ class PromptRenderer:
         return self._tokenizers.get(model, self._fallback)
 
     async def prepare(self, request: RoutingRequest, backends: Sequence[BackendView]) -> None:
-        """Render ``request`` into ``request.scratch`` (a worker thread for long prompts)."""
-        if SCRATCH_KEY in request.scratch:
+        """Render ``request`` into ``request.state.prompt`` (a worker thread for long prompts)."""
+        if request.state.prompt is not None:
             return
         base, adapter = _base_and_adapter(request, backends)
         tokenizer = self.tokenizer(base)
@@ -83,15 +78,15 @@ class PromptRenderer:
             rendered = await asyncio.to_thread(self._render, request, base, adapter, tokenizer)
         else:
             rendered = self._render(request, base, adapter, tokenizer)
-        request.scratch[SCRATCH_KEY] = rendered
+        request.state.prompt = rendered
 
     def render(self, request: RoutingRequest, backends: Sequence[BackendView]) -> PromptTokens:
         """The rendered prompt (memoized; rendered here, on the caller's thread, if needed)."""
-        rendered: PromptTokens | None = request.scratch.get(SCRATCH_KEY)
+        rendered = request.state.prompt
         if rendered is None:
             base, adapter = _base_and_adapter(request, backends)
             rendered = self._render(request, base, adapter, self.tokenizer(base))
-            request.scratch[SCRATCH_KEY] = rendered
+            request.state.prompt = rendered
         return rendered
 
     def _render(

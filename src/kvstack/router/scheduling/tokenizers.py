@@ -9,6 +9,8 @@
   token. Approximate only (it never matches an engine's KV events), but prefix-preserving and
   rendered over the *whole* conversation, so routing still follows shared prefixes.
 
+:class:`PromptTokens` is what rendering a prompt gives (:mod:`kvstack.router.scheduling.prompts`).
+
 Specs (``router.prefix.tokenizers``): ``chars``, ``sim``, ``sim:VOCAB``, or a path. Loading a
 model tokenizer reads files: call :func:`make_tokenizer` off the event loop.
 """
@@ -16,15 +18,33 @@ model tokenizer reads files: call :func:`make_tokenizer` off the event loop.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
 from kvstack.errors import ConfigError, require
+from kvstack.index.radix import Namespace
 
-__all__ = ["CharBlocks", "HFTokenizer", "PromptTokenizer", "SimPromptTokenizer", "make_tokenizer"]
+__all__ = [
+    "CharBlocks",
+    "HFTokenizer",
+    "PromptTokenizer",
+    "PromptTokens",
+    "SimPromptTokenizer",
+    "make_tokenizer",
+]
 
 CHARS_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """A rendered prompt: its token ids in the namespace its KV lives in."""
+
+    tokens: list[int]
+    namespace: Namespace
+    exact: bool  # the engine's own ids: KV events and shared tiers can match them
 
 
 class PromptTokenizer(Protocol):

@@ -73,7 +73,8 @@ class Plugin:
 
 class Filter(Plugin):
     def filter(self, request: RoutingRequest, backends: Sequence[BackendView]) -> list[BackendView]:
-        """Return the backends that may serve ``request`` (a subset, order kept). Pure."""
+        """Return the backends that may serve ``request`` (a subset, order kept). Pure; may
+        raise NoBackendError to say why none may."""
         raise NotImplementedError
 
 
@@ -141,6 +142,6 @@ class RequestObserver(Protocol):
 class RequestPreparer(Protocol):
     """Optional, for services: async work per request after admission and before the
     pipeline runs (tokenizing on a worker thread, an index lookup), results in
-    ``request.scratch``. Must not raise for a request's content; bounded in time."""
+    ``request.state``. Must not raise for a request's content; bounded in time."""
 
     async def prepare(self, request: RoutingRequest) -> None: ...

@@ -31,9 +31,8 @@ from kvstack.router.scheduling.cost_model import CostInputs, CostModel, CostPrio
 from kvstack.router.scheduling.plugins.base import LazyNotes, PluginContext, Scorer, ScoreResult
 from kvstack.router.scheduling.services import cost_model, prefix_state
 
-__all__ = ["PREDICTIONS_KEY", "UNCACHED_KEY", "TTFTScorer"]
+__all__ = ["TTFTScorer"]
 
-PREDICTIONS_KEY, UNCACHED_KEY, DISPATCH_KEY = "ttft_predictions", "uncached_tokens", "dispatch"
 ERROR = histogram(
     "kvstack_router_ttft_prediction_error_seconds",
     "|observed - predicted| TTFT of streamed requests, from dispatch to the first token",
@@ -79,7 +78,7 @@ class TTFTScorer(Scorer):
     def score(self, request: RoutingRequest, backends: Sequence[BackendView]) -> ScoreResult:
         view = self.state.view(request, backends)
         predictions: dict[str, Prediction] = {}
-        uncached: dict[str, float] = request.scratch.setdefault(UNCACHED_KEY, {})
+        uncached = request.state.uncached_tokens
         for b in backends:
             credit = view.credit(b.id, self.weights)
             missing = max(1.0, view.num_tokens - credit)  # the last token is always computed
@@ -95,7 +94,7 @@ class TTFTScorer(Scorer):
             )
             predictions[b.id] = self.model.predict(b.id, inputs)
             uncached[b.id] = missing
-        request.scratch.setdefault(PREDICTIONS_KEY, {}).update(predictions)
+        request.state.predictions.update(predictions)
         best = min(p.cost_s for p in predictions.values())
         scores = {i: (best / p.cost_s if p.cost_s > 0 else 1.0) for i, p in predictions.items()}
         # Formatted only for the backend the header shows, not for every candidate.
@@ -104,15 +103,15 @@ class TTFTScorer(Scorer):
 
     # -- RequestObserver: learning ---------------------------------------------------------
     def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
-        request.scratch[DISPATCH_KEY] = time.perf_counter()
+        request.state.dispatched_s = time.perf_counter()
 
     def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
-        predictions: dict[str, Prediction] = request.scratch.get(PREDICTIONS_KEY, {})
-        prediction = predictions.get(backend.id)
-        dispatched = request.scratch.get(DISPATCH_KEY)
+        state = request.state
+        prediction = state.predictions.get(backend.id)
+        dispatched = state.dispatched_s
         if prediction is None or dispatched is None or not request.stream:
             return  # a non-streamed answer's first byte is its last: no TTFT to learn from
-        if request.scratch.get("pd_remote_prefill"):
+        if state.remote_prefill is not None and state.remote_prefill.is_remote:
             return  # prefilled elsewhere: the prediction was for computing the prompt here
         observed_s = request.arrival_s + ttft_s - dispatched
         ERROR.observe(abs(observed_s - prediction.ttft_s))

@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from kvstack.router.adapters import ADAPTER_KEY
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins.base import PluginContext, Scorer, ScoreResult
@@ -42,7 +41,7 @@ class LoRAAffinityScorer(Scorer):
         self._in_flight: Counter[tuple[str, str]] = Counter()
 
     def score(self, request: RoutingRequest, backends: Sequence[BackendView]) -> ScoreResult:
-        resolution = request.scratch.get(ADAPTER_KEY)
+        resolution = request.state.adapter
         if resolution is not None:
             return self._managed(resolution.engine_name, backends)
         adapter = request.target
