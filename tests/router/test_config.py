@@ -1,5 +1,4 @@
-"""The router's config is a leaf: importing it loads config modules and leaves, never the
-router's runtime (backends, pipeline, proxy, HTTP)."""
+"""The router section: values named in their errors; importing it loads no runtime module."""
 
 from __future__ import annotations
 
@@ -10,9 +9,39 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import kvstack
+from kvstack.errors import ConfigError
+from kvstack.router.config import RouterConfig
 
 SRC = Path(kvstack.__file__).resolve().parent
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"backends": [{"url": "ftp://x"}]}, "must look like http://host:port"),
+        ({"backends": [{"url": "http://x:1/v1"}]}, "must not carry a path"),
+        ({"policy": "fastest"}, "policy 'fastest' is unknown; choose one of"),
+        ({"port": 70000}, "less than or equal to 65535"),
+        ({"retry": {"on_status": [404]}}, "5xx codes only"),
+        ({"ejection": {"base_lease_s": 5, "max_lease_s": 1}}, "must be >= base_lease_s"),
+        ({"limits": {"max_request_bytes": "lots"}}, "is not a size"),
+        ({"models": [{"name": "a", "targets": [{"model": "x", "weight": 0}]}]}, "greater than 0"),
+        ({"models": [{"name": "a", "targets": []}]}, "at least 1 item"),
+        (
+            {"models": [{"name": "a", "targets": [{"model": "x"}]}], "model_aliases": {"a": "y"}},
+            "both as route and alias",
+        ),
+        ({"unknown_key": 1}, "Extra inputs are not permitted"),
+    ],
+)
+def test_config_errors_name_the_value(data: dict, message: str) -> None:
+    from kvstack.section import load_section
+
+    with pytest.raises(ConfigError, match=message):
+        load_section("router", RouterConfig, data, env={})
 
 
 def _loaded_by(module: str) -> list[str]:
