@@ -1,8 +1,10 @@
 """``Router``: the router's parts wired together, with one start and one close.
 
-Start order: the upstream client; discovery (its first snapshot fills the pool); one round of
-health checks and model reads (so the first request sees live backends); the scraper; the
-plugins' own background work. Close runs in reverse.
+Start order: the control-plane client; discovery (its first snapshot fills the pool); one
+round of health checks and model reads (so the first request sees live backends); the
+scraper; the services and plugins' own background work. Close runs in reverse. The router also
+answers what is not per request: a client's model name resolved to a target
+(``resolve_target``), ``/v1/models`` and ``/health``.
 """
 
 from __future__ import annotations

@@ -23,10 +23,11 @@ load there), or the base model when the decode backend fell back to it.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvstack.errors import NoBackendError, UpstreamError
 from kvstack.metrics import counter, histogram
+from kvstack.router.adapters import AdapterStage
 from kvstack.router.attempt import Attempt
 from kvstack.router.fleet.backends import BackendState
 from kvstack.router.pd.config import PDConfig
@@ -36,9 +37,6 @@ from kvstack.router.scheduling.pipeline import RoutingDecision
 from kvstack.router.scheduling.scheduler import Scheduler
 from kvstack.router.upstream.pool import Deadline
 from kvstack.router.upstream.relay import Relay
-
-if TYPE_CHECKING:
-    from kvstack.router.adapters import AdapterStage
 
 __all__ = ["PrefillStep", "prefill_body"]
 

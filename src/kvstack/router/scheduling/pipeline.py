@@ -86,29 +86,29 @@ class Pipeline:
     ) -> RoutingDecision:
         """Choose one of ``candidates`` (eligible backends, see :func:`eligible_backends`)."""
         states = {s.id: s for s in candidates}
-        backends: list[BackendView] = list(candidates)
+        backends = self._filter(request, candidates)
+        if len(backends) == 1:
+            return RoutingDecision(states[backends[0].id], "only_candidate", 0.0, 1)
+        results = [(w, w.scorer.score(request, backends)) for w in self.scorers]
+        ranked = _ranked(backends, results)
+        chosen = self.picker.pick(request, ranked)
+        reason, tie_note = self._reason(chosen, ranked, results)
+        notes = [n for w, r in results if (n := _note(w.scorer.name, r, chosen.backend.id))]
+        if tie_note:
+            notes.append(tie_note)
+        state = states[chosen.backend.id]
+        return RoutingDecision(state, reason, chosen.score, len(backends), tuple(notes))
+
+    def _filter(
+        self, request: RoutingRequest, candidates: Sequence[BackendView]
+    ) -> list[BackendView]:
+        backends = list(candidates)
         for f in self.filters:
             backends = f.filter(request, backends)
         if not backends:
             names = ", ".join(f.name for f in self.filters)
             raise NoBackendError(f"filters ({names}) left no backend for model {request.target!r}")
-        if len(backends) == 1:
-            return RoutingDecision(states[backends[0].id], "only_candidate", 0.0, 1)
-        results = [(w, w.scorer.score(request, backends)) for w in self.scorers]
-        totals = {b.id: 0.0 for b in backends}
-        for w, result in results:
-            for backend_id, value in result.scores.items():
-                if backend_id in totals:
-                    totals[backend_id] += w.weight * value
-        ranked = sorted((Candidate(b, totals[b.id]) for b in backends), key=lambda c: -c.score)
-        chosen = self.picker.pick(request, ranked)
-        reason, tie_note = self._reason(chosen, ranked, results)
-        notes = tuple(_note(w.scorer.name, r, chosen.backend.id) for w, r in results)
-        notes = tuple(n for n in notes if n)
-        if tie_note:
-            notes += (tie_note,)
-        chosen_state = states[chosen.backend.id]
-        return RoutingDecision(chosen_state, reason, chosen.score, len(backends), notes)
+        return backends
 
     def _reason(
         self,
@@ -133,6 +133,18 @@ class Pipeline:
             if margin > best_margin:
                 best_name, best_margin = w.scorer.name, margin
         return best_name, tie_note
+
+
+def _ranked(
+    backends: Sequence[BackendView], results: Sequence[tuple[WeightedScorer, ScoreResult]]
+) -> list[Candidate]:
+    """Candidates by their weighted total score, best first."""
+    totals = {b.id: 0.0 for b in backends}
+    for w, result in results:
+        for backend_id, value in result.scores.items():
+            if backend_id in totals:
+                totals[backend_id] += w.weight * value
+    return sorted((Candidate(b, totals[b.id]) for b in backends), key=lambda c: -c.score)
 
 
 def _note(name: str, result: ScoreResult, chosen: str) -> str:
