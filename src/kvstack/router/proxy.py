@@ -131,9 +131,10 @@ class Proxy:
         backend = attempt.backend
         lease = backend.load.acquire(request.prefill_tokens(backend.id))
         exchange.backend = backend.id
-        exchange.extra_headers = self._response_headers(request, attempt)
+        exchange.extra_headers = self._response_headers(request, backend.id, attempt)
         observers = self.scheduler.observers
-        observers.on_dispatch(request, backend)
+        for observer in observers:
+            observer.on_dispatch(request, backend)
         outcome = "cancelled"
         try:
             exchange.upstream_sent_s = time.perf_counter()
@@ -146,7 +147,8 @@ class Proxy:
             request.state.answer = Answer(backend.id, opened.first, ttft_s)
             lease.first_token()
             backend.ejection.record_success()
-            observers.on_first_token(request, backend, ttft_s)
+            for observer in observers:
+                observer.on_first_token(request, backend, ttft_s)
             outcome = await self.relay.deliver(opened, send, exchange, total)
             if outcome != "ok":
                 self.telemetry.stream_abort(outcome)
@@ -155,7 +157,8 @@ class Proxy:
             raise
         finally:
             lease.release()
-            observers.on_finish(request, backend, outcome)
+            for observer in observers:
+                observer.on_finish(request, backend, outcome)
 
     def _failed(self, backend: BackendState, exc: UpstreamError, retries: Retries) -> None:
         if retries.failed(exc):
@@ -178,9 +181,9 @@ class Proxy:
         return headers
 
     @staticmethod
-    def _response_headers(request: RoutingRequest, attempt: Attempt) -> RawHeaders:
+    def _response_headers(request: RoutingRequest, backend_id: str, attempt: Attempt) -> RawHeaders:
         return [
-            (BACKEND_HEADER, attempt.backend.id.encode("latin-1", "replace")),
+            (BACKEND_HEADER, backend_id.encode("latin-1", "replace")),
             (DECISION_HEADER, attempt.decision_header().encode("latin-1", "replace")),
             (REQUEST_ID_HEADER.encode(), request.request_id.encode("latin-1", "replace")),
             *attempt.response_headers,

@@ -108,7 +108,8 @@ class PrefillStep:
     ) -> PrefillOutcome:
         lease = backend.load.acquire(uncached_tokens)
         observers = self.scheduler.observers
-        observers.on_dispatch(request, backend)
+        for observer in observers:
+            observer.on_dispatch(request, backend)
         start = time.perf_counter()
         outcome = "cancelled"
         deadline = Deadline(self.config.prefill_timeout_s, "prefill")
@@ -123,7 +124,8 @@ class PrefillStep:
         finally:
             deadline.cancel()
             lease.release()
-            observers.on_finish(request, backend, outcome)
+            for observer in observers:
+                observer.on_finish(request, backend, outcome)
         seconds = time.perf_counter() - start
         if outcome != "ok":
             return PrefillOutcome(outcome, backend.id, seconds, uncached_tokens)

@@ -85,10 +85,9 @@ class Pipeline:
         self, request: RoutingRequest, candidates: Sequence[BackendState]
     ) -> RoutingDecision:
         """Choose one of ``candidates`` (eligible backends, see :func:`eligible_backends`)."""
-        states = {s.id: s for s in candidates}
         backends = self._filter(request, candidates)
         if len(backends) == 1:
-            return RoutingDecision(states[backends[0].id], "only_candidate", 0.0, 1)
+            return RoutingDecision(_state_of(backends[0], candidates), "only_candidate", 0.0, 1)
         results = [(w, w.scorer.score(request, backends)) for w in self.scorers]
         ranked = _ranked(backends, results)
         chosen = self.picker.pick(request, ranked)
@@ -96,7 +95,7 @@ class Pipeline:
         notes = [n for w, r in results if (n := _note(w.scorer.name, r, chosen.backend.id))]
         if tie_note:
             notes.append(tie_note)
-        state = states[chosen.backend.id]
+        state = _state_of(chosen.backend, candidates)
         return RoutingDecision(state, reason, chosen.score, len(backends), tuple(notes))
 
     def _filter(
@@ -133,6 +132,17 @@ class Pipeline:
             if margin > best_margin:
                 best_name, best_margin = w.scorer.name, margin
         return best_name, tie_note
+
+
+def _state_of(view: BackendView, candidates: Sequence[BackendState]) -> BackendState:
+    """The live state behind a view the plugins chose (filters return the objects they got)."""
+    for state in candidates:
+        if state is view:
+            return state
+    for state in candidates:
+        if state.id == view.id:
+            return state
+    raise ValueError(f"backend {view.id!r} is not among the candidates")
 
 
 def _ranked(

@@ -4,8 +4,8 @@ they went.
 Per request: ``admit`` (the admission plugin: hold or shed; the permit goes into the request's
 state), ``prepare`` (services: the prompt's tokens on a worker thread, index lookups). Per
 attempt: ``decide`` (eligible backends not tried yet, decode backends only for a
-prefill/decode model, through the pipeline). ``observers`` fans dispatch, first token and
-finish out to every plugin and service that learns from them.
+prefill/decode model, through the pipeline). ``observers`` are the plugins and services that
+learn from dispatch, first token and finish; the proxy and the prefill step call each in turn.
 """
 
 from __future__ import annotations
@@ -14,32 +14,13 @@ from collections.abc import Collection, Sequence
 
 from kvstack.errors import NoBackendError
 from kvstack.router.admission.base import Admission
-from kvstack.router.fleet.backends import BackendPool, BackendState, BackendView
+from kvstack.router.fleet.backends import BackendPool, BackendState
 from kvstack.router.pd.plan import DECODE_ROLES
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.pipeline import Pipeline, RoutingDecision, eligible_backends
 from kvstack.router.scheduling.plugins.base import RequestObserver, RequestPreparer
 
-__all__ = ["Observers", "Scheduler"]
-
-
-class Observers:
-    """Every observer as one (called on the event loop; none may block)."""
-
-    def __init__(self, observers: Sequence[RequestObserver]) -> None:
-        self._observers = tuple(observers)
-
-    def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
-        for observer in self._observers:
-            observer.on_dispatch(request, backend)
-
-    def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
-        for observer in self._observers:
-            observer.on_first_token(request, backend, ttft_s)
-
-    def on_finish(self, request: RoutingRequest, backend: BackendView, outcome: str) -> None:
-        for observer in self._observers:
-            observer.on_finish(request, backend, outcome)
+__all__ = ["Scheduler"]
 
 
 class Scheduler:
@@ -59,7 +40,7 @@ class Scheduler:
         self.admission = admission
         self.decode_models = frozenset(decode_models)
         members = [*services, admission, *pipeline.plugins()]
-        self.observers = Observers([m for m in members if isinstance(m, RequestObserver)])
+        self.observers = tuple(m for m in members if isinstance(m, RequestObserver))
         self.preparers = [s for s in services if isinstance(s, RequestPreparer)]
 
     async def admit(self, request: RoutingRequest) -> None:
@@ -79,7 +60,7 @@ class Scheduler:
 
     def decide(self, request: RoutingRequest, exclude: Collection[str] = ()) -> RoutingDecision:
         """The backend that answers the next attempt; NoBackendError says why there is none."""
-        candidates = self.eligible(request, exclude)
+        candidates = eligible_backends(self.pool.states(), request.target, exclude)
         if request.target in self.decode_models:
             candidates = [s for s in candidates if s.backend.role in DECODE_ROLES]
             if not candidates:
