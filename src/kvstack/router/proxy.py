@@ -40,7 +40,7 @@ TENANT_HEADER = "x-kvstack-tenant"
 
 
 class Proxy:
-    """``steps`` shape each attempt before it is sent, in order (see :mod:`.attempt`)."""
+    """``steps`` shape each attempt before it is sent, in order (:mod:`kvstack.router.attempt`)."""
 
     def __init__(
         self,
