@@ -25,9 +25,9 @@ from kvstack.router.attempt import Attempt, AttemptStep
 from kvstack.router.config import RetryConfig, RouterConfig
 from kvstack.router.fleet.backends import BackendState
 from kvstack.router.http.responses import HOP_BY_HOP, RawHeaders, Send
-from kvstack.router.request import REQUEST_ID_HEADER, Answer, RoutingRequest
+from kvstack.router.request import REQUEST_ID_HEADER, AnswerStart, RoutingRequest
 from kvstack.router.scheduling.pipeline import RoutingDecision
-from kvstack.router.scheduling.scheduler import Scheduler
+from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream.pool import Deadline
 from kvstack.router.upstream.relay import Exchange, Relay
@@ -45,7 +45,7 @@ class Proxy:
     def __init__(
         self,
         config: RouterConfig,
-        scheduler: Scheduler,
+        scheduler: RoutingScheduler,
         relay: Relay,
         telemetry: Telemetry,
         steps: Sequence[AttemptStep] = (),
@@ -144,7 +144,7 @@ class Proxy:
             )  # fmt: skip
             exchange.upstream_first_byte_s = time.perf_counter()
             ttft_s = exchange.upstream_first_byte_s - request.arrival_s
-            request.state.answer = Answer(backend.id, opened.first, ttft_s)
+            request.state.answer = AnswerStart(backend.id, opened.first, ttft_s)
             lease.first_token()
             backend.ejection.record_success()
             for observer in observers:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PATHS",
-    "Answer",
+    "AnswerStart",
     "Endpoint",
     "RequestState",
     "RoutingRequest",
@@ -59,7 +59,7 @@ REQUEST_ID_HEADER = "x-request-id"
 _encoder = msgspec.json.Encoder()
 
 
-class Answer(NamedTuple):
+class AnswerStart(NamedTuple):
     """The first body bytes of the attempt that answered, and when they came."""
 
     backend_id: str
@@ -82,7 +82,7 @@ class RequestState:
     adapter: AdapterResolution | None = None  # the registered adapter the name resolved to
     adapter_decisions: dict[str, AdapterDecision] = field(default_factory=dict)  # by backend
     remote_prefill: PrefillOutcome | None = None
-    answer: Answer | None = None
+    answer: AnswerStart | None = None
 
     def release(self) -> None:
         """The request ended however it ended: give the admission permit back and finish the

@@ -32,7 +32,7 @@ from kvstack.router.request import RoutingRequest, encode_body
 from kvstack.router.scheduling.model_routes import ModelRouter
 from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
 from kvstack.router.scheduling.plugins.base import Plugin, PluginContext
-from kvstack.router.scheduling.scheduler import Scheduler
+from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.upstream.control import ControlClient
 from kvstack.router.upstream.pool import UpstreamPool
@@ -83,7 +83,7 @@ class Router:
             self.pool, self.client, config.health, on_round=self.auth.reload_if_changed
         )
         self.scraper = MetricsScraper(self.pool, self.client, config.scrape)
-        self.scheduler = Scheduler(
+        self.scheduler = RoutingScheduler(
             self.pool, self.pipeline, self.admission, self.services, config.pd.models
         )
         relay = Relay(

@@ -34,7 +34,7 @@ from kvstack.router.pd.config import PDConfig
 from kvstack.router.pd.plan import PREFILL_ROLES, PrefillModel, PrefillOutcome
 from kvstack.router.request import RoutingRequest, encode_body
 from kvstack.router.scheduling.pipeline import RoutingDecision
-from kvstack.router.scheduling.scheduler import Scheduler
+from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.upstream.pool import Deadline
 from kvstack.router.upstream.relay import Relay
 
@@ -52,7 +52,7 @@ class PrefillStep:
     def __init__(
         self,
         config: PDConfig,
-        scheduler: Scheduler,
+        scheduler: RoutingScheduler,
         relay: Relay,
         adapters: AdapterStage | None = None,
     ) -> None:

@@ -1,5 +1,5 @@
-"""``Scheduler``: what the proxy asks before each request and each attempt, and who hears how
-they went.
+"""``RoutingScheduler``: what the proxy asks before each request and each attempt, and who
+hears how they went.
 
 Per request: ``admit`` (the admission plugin: hold or shed; the permit goes into the request's
 state), ``prepare`` (services: the prompt's tokens on a worker thread, index lookups). Per
@@ -20,10 +20,10 @@ from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.pipeline import Pipeline, RoutingDecision, eligible_backends
 from kvstack.router.scheduling.plugins.base import RequestObserver, RequestPreparer
 
-__all__ = ["Scheduler"]
+__all__ = ["RoutingScheduler"]
 
 
-class Scheduler:
+class RoutingScheduler:
     """``services``: shared objects the plugins created (prefix state, cost model, the LoRA
     control plane); those that prepare or observe requests take part."""
 
