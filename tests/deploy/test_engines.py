@@ -21,7 +21,7 @@ from kvstack.integrations.settings import split_extra_config
 from kvstack.kv.tiers.base import parse_tier_url
 from kvstack.kv.tiers.redis.redis_url import parse_redis_url
 from kvstack.kv.tiers.s3.s3_url import parse_s3_url
-from kvstack.router.discovery.kubernetes import pod_backend
+from kvstack.router.fleet.discovery.kubernetes import pod_backend
 from kvstack.section import parse_size
 from kvstack.stack.vllm_server import connector_config
 from tests.deploy.rendered import (

@@ -26,7 +26,7 @@ from kvstack.index.protocol import AnnounceBatch, KeyProfile, LookupReply, Looku
 from kvstack.index.runner import IndexServerThread
 from kvstack.index.zmq_server import ZmqServer
 from kvstack.kv.keys import Namespace, chunk_keys
-from kvstack.router.config_scheduling import PrefixConfig
+from kvstack.router.scheduling.config import PrefixConfig
 from tests.conftest import free_port
 
 CHUNK = 4

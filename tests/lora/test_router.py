@@ -19,11 +19,11 @@ from kvstack.lora.config import AdapterEngineSpec, RequestClassBudget, TenantPol
 from kvstack.lora.control import LoRAControl
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.residency import ResidencyTier
-from kvstack.router.adapters import AdapterGate, served_model
+from kvstack.router.adapters import AdapterStage, served_model
 from kvstack.router.config import AdaptersConfig
-from kvstack.router.prompts import PromptRenderer
-from kvstack.router.request import parse_request
+from kvstack.router.http.parse import parse_request
 from kvstack.router.router import Router
+from kvstack.router.scheduling.prompts import PromptRenderer
 from kvstack.sim.server import FleetThread
 from tests.lora.adapters import NO_VIOLATIONS, control_over, synthetic_adapter
 from tests.router.conftest import router_config, serve_router
@@ -218,9 +218,9 @@ def test_resolution_sets_target_priority_and_tenant_checks(
     _register(plane, sources, keypair, "vip", tier="platinum", seed=5)
     control = _control(plane, fleet, tmp_path)
     control.resolver.refresh()
-    gate = AdapterGate(control, AdaptersConfig(enabled=True))
+    gate = AdapterStage(control, AdaptersConfig(enabled=True))
     request = parse_request("completions", b'{"model": "vip", "prompt": "x"}', {})
-    resolved, _ = gate.resolve(request, b"")
+    resolved = gate.resolve(request)
     assert (resolved.model, resolved.target, resolved.priority) == ("vip", "toy-base", "critical")
     # The prefix index keeps the adapter's KV apart from the base model's.
     renderer = PromptRenderer()
@@ -234,16 +234,16 @@ def test_resolution_sets_target_priority_and_tenant_checks(
     explicit = parse_request(
         "completions", b'{"model": "vip", "prompt": "x"}', {"x-kvstack-priority": "sheddable"}
     )
-    assert gate.resolve(explicit, b"")[0].priority == "sheddable"
+    assert gate.resolve(explicit).priority == "sheddable"
     other = dataclasses.replace(request, tenant="other")
     with pytest.raises(RequestError, match="does not exist"):
-        gate.resolve(other, b"")
-    open_gate = AdapterGate(control, AdaptersConfig(enabled=True, tenant_isolation=False))
-    assert open_gate.resolve(other, b"")[0].target == "toy-base"
+        gate.resolve(other)
+    open_gate = AdapterStage(control, AdaptersConfig(enabled=True, tenant_isolation=False))
+    assert open_gate.resolve(other).target == "toy-base"
     assert [e["id"] for e in gate.listed("other")] == []
     assert [e["id"] for e in gate.listed(None)] == ["vip"]
     base = parse_request("completions", b'{"model": "toy-base", "prompt": "x"}', {})
-    assert gate.resolve(base, b"")[0] is base
+    assert gate.resolve(base) is base
     assert served_model(b'data: {"id":"c","object":"x","model":"vip@1","choices":[]}') == "vip@1"
     assert served_model(b"not json") is None
 
@@ -260,7 +260,7 @@ async def test_prefill_decode_with_a_managed_adapter(
     on a prefill engine where that adapter is hot; where it is not, the decode engine computes
     the prompt and the adapter loads on the prefill engine for the next request. A decode
     engine's fallback to the base model makes the prefill use the base model too."""
-    from kvstack.router import pd
+    from kvstack.router.pd import step as pd
 
     _register(plane, sources, keypair, "support", seed=1)
     _register(plane, sources, keypair, "sales", seed=2)

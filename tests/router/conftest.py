@@ -11,8 +11,8 @@ import aiohttp
 import pytest
 
 from kvstack.router.config import RouterConfig
+from kvstack.router.http.server import build_server
 from kvstack.router.router import Router
-from kvstack.router.server import build_server
 from kvstack.section import deep_merge
 from tests.conftest import free_port
 from tests.router.fake_engine import FakeEngine

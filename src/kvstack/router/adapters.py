@@ -1,27 +1,32 @@
-"""LoRA adapters through the control plane: the router side of :mod:`kvstack.lora`.
+"""The LoRA stage: adapters through the control plane, the router side of :mod:`kvstack.lora`.
 
-With ``router.adapters.enabled``, a request for ``model: tenant-a-support`` goes this way:
+Everything the router does for a managed adapter happens in :class:`AdapterStage`. With
+``router.adapters.enabled``, a request for ``model: tenant-a-support`` goes this way:
 
-1. **resolve** (at parse): the registry snapshot maps the name to an adapter version
-   (``tenant-a-support@3``, or the canary version for the canary share of sessions) with its
-   tenant and priority tier. The request then targets the adapter's *base model*: every engine
-   serving it is a candidate, hot or not. An API key bound to a tenant sees only that
-   tenant's adapters (another tenant's name is "unknown", as if it did not exist). A request
-   without a priority header gets its tier's priority (``priority_by_tier``).
-2. **candidates**: only engines the cache manager drives for that base model.
+1. **resolve** (model routing, :meth:`Router.resolve_target`): the registry snapshot maps the
+   name to an adapter version (``tenant-a-support@3``, or the canary version for the canary
+   share of sessions) with its tenant and priority tier, kept in ``request.state.adapter``.
+   The request then targets the adapter's *base model*: every engine serving it is a
+   candidate, hot or not. An API key bound to a tenant sees only that tenant's adapters
+   (another tenant's name is "unknown", as if it did not exist). A request without a priority
+   header gets its tier's priority (``priority_by_tier``).
+2. **filter** (the pipeline's first filter): only engines the cache manager drives for that
+   base model.
 3. **pick**: the ``lora_affinity`` scorer reads the manager's residency — hot, then loading,
    then warm, then the adapter's rendezvous home among cold engines — combined with load or
    the TTFT cost model by the pipeline.
-4. **admit** (per attempt, on the chosen engine): the cache manager makes the adapter hot under
-   the request class's cold-start budget (``x-kvstack-request-class``). It answers *serve*
-   (the body's ``model`` becomes ``adapter_id@version``), *fallback* (the base model, marked
-   in ``x-kvstack-adapter-fallback``) or *reject* (503 with ``Retry-After``).
-   For a prefill/decode model, the remote prefill step then runs with the same ``model`` on a
-   prefill engine where the adapter is hot already; where it is not, a background load starts
-   there and the decode engine computes the prompt itself (a prefill never waits for a load).
-5. **finish**: when the attempt ends, the manager learns the outcome, the TTFT (cold or warm)
-   and the model the engine answered with (a wrong version is counted as a violation), and
-   releases the adapter for eviction.
+4. **before the attempt** (an attempt step, on the chosen engine): the cache manager makes the
+   adapter hot under the request class's cold-start budget (``x-kvstack-request-class``). It
+   answers *serve* (the body's ``model`` becomes ``adapter_id@version``), *fallback* (the base
+   model, marked in ``x-kvstack-adapter-fallback``) or *reject* (503 with ``Retry-After``).
+   For a prefill/decode model, the remote prefill then runs with the same ``model``
+   (:meth:`AdapterStage.prefill_model`) on a prefill engine where the adapter is hot already;
+   where it is not, a background load starts there and the decode engine computes the prompt
+   itself (a prefill never waits for a load).
+5. **finish** (an observer, when the attempt ends): the manager learns the outcome, the TTFT
+   (cold or warm) and the model the engine answered with (a wrong version is counted as a
+   violation), and releases the adapter for eviction. A decision no attempt finished (one
+   cancelled before its dispatch) is finished by the request state's ``release``.
 
 Names that are not registered adapters pass through untouched (base models, or adapters an
 engine serves by itself).
@@ -29,46 +34,57 @@ engine serves by itself).
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvstack.errors import NoBackendError, RegistryError, RequestError
-from kvstack.router.backends import BackendView
+from kvstack.errors import KVStackError, NoBackendError, RegistryError, RequestError
+from kvstack.lora.decision import Action
+from kvstack.router.attempt import Attempt
 from kvstack.router.config import AdaptersConfig
+from kvstack.router.fleet.backends import BackendView
+from kvstack.router.http.responses import ASGIApp
+from kvstack.router.pd.plan import PrefillModel
 from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.scheduling.plugins.base import Filter, PluginContext
 
 if TYPE_CHECKING:
     from kvstack.lora.control import LoRAControl
-    from kvstack.lora.decision import AdapterDecision
     from kvstack.lora.resolver import AdapterResolution
 
-__all__ = ["ADAPTER_KEY", "AdapterGate", "served_model"]
+__all__ = ["AdapterStage", "served_model"]
 
-ADAPTER_KEY = "lora"  # RoutingRequest.scratch: the request's AdapterResolution
+log = logging.getLogger(__name__)
 _MODEL_FIELD = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.)*)"')
 
 
-class AdapterGate:
-    def __init__(self, control: LoRAControl, config: AdaptersConfig) -> None:
+class AdapterStage(Filter):
+    """A filter (step 2), an attempt step (4) and an observer (5) in one; built by the router
+    when the adapter control plane is wired in, not by name."""
+
+    name = "adapters"
+
+    def __init__(
+        self, control: LoRAControl, config: AdaptersConfig, context: PluginContext | None = None
+    ) -> None:
+        super().__init__(context or PluginContext())
         self.control = control
         self.config = config
 
     # -- 1. resolve -----------------------------------------------------------------------
-
-    def resolve(self, request: RoutingRequest, body: bytes) -> tuple[RoutingRequest, bytes]:
-        """The request aimed at the adapter's base model, its resolution in the scratch."""
+    def resolve(self, request: RoutingRequest) -> RoutingRequest:
+        """The request aimed at the adapter's base model, its resolution in its state; the
+        request itself when its target is not a registered adapter."""
         resolution = self._resolution(request)
         if resolution is None:
-            return request, body
-        base = self.base_model_name(resolution)
+            return request
         priority = request.priority
         if priority is None:
             priority = self.config.priority_by_tier.get(resolution.priority_tier)
-        resolved = dataclasses.replace(request.with_target(base), priority=priority)
-        resolved.scratch[ADAPTER_KEY] = resolution
-        return resolved, body
+        resolved = request.with_target(self.base_model_name(resolution), priority=priority)
+        resolved.state.adapter = resolution
+        return resolved
 
     def knows(self, model: str) -> bool:
         """Whether ``model`` names a registered adapter (any version syntax)."""
@@ -95,6 +111,13 @@ class AdapterGate:
                 }
             )
         return entries
+
+    def admin_app(self) -> ASGIApp | None:
+        """The adapter admin API, when the control plane has an admin key."""
+        if self.control.config.admin_key is None:
+            return None
+        app: ASGIApp = self.control.admin_app()
+        return app
 
     def _resolution(self, request: RoutingRequest) -> AdapterResolution | None:
         routing_key = request.session_id or request.user or request.tenant
@@ -128,18 +151,15 @@ class AdapterGate:
             kind="service_unavailable",
         )
 
-    # -- 2. candidates --------------------------------------------------------------------
-
-    def candidates(
-        self, request: RoutingRequest, everyone: Sequence[BackendView]
-    ) -> list[BackendView]:
-        resolution: AdapterResolution | None = request.scratch.get(ADAPTER_KEY)
+    # -- 2. filter ------------------------------------------------------------------------
+    def filter(self, request: RoutingRequest, backends: Sequence[BackendView]) -> list[BackendView]:
+        resolution = request.state.adapter
         if resolution is None:
-            return list(everyone)
+            return list(backends)
         engines = {_norm(url): e for url, e in self.control.manager.engines.items()}
         chosen = [
             b
-            for b in everyone
+            for b in backends
             if (e := engines.get(_norm(b.url))) is not None
             and e.spec.base_model == resolution.base_model
         ]
@@ -150,32 +170,16 @@ class AdapterGate:
             )
         return chosen
 
-    # -- 4. admit -------------------------------------------------------------------------
-
-    async def admit(
-        self, request: RoutingRequest, backend: BackendView, body: bytes
-    ) -> tuple[AdapterDecision | None, bytes, list[tuple[bytes, bytes]]]:
-        """(the manager's decision, the body to send, response headers to add); raises
-        RequestError 503 (Retry-After when a retry may pass) when the adapter cannot be served
-        there now and the tenant takes no fallback."""
-        resolution: AdapterResolution | None = request.scratch.get(ADAPTER_KEY)
+    # -- 4. before the attempt ------------------------------------------------------------
+    async def before_attempt(self, request: RoutingRequest, attempt: Attempt) -> None:
+        """Make the adapter hot on the attempt's backend (budgets apply) and send the model
+        the manager decided; raises RequestError 503 (Retry-After when a retry may pass) when
+        it cannot be served there now and the tenant takes no fallback."""
+        resolution = request.state.adapter
         if resolution is None:
-            return None, body, []
-        from kvstack.lora.decision import Action
-
-        klass = request.headers.get(self.config.request_class_header)
-        klass = klass or self.config.default_request_class
-        if klass not in self.control.config.request_classes:
-            known = ", ".join(sorted(self.control.config.request_classes))
-            raise RequestError(
-                f"{self.config.request_class_header} {klass!r} is not one of {known}",
-                param=self.config.request_class_header,
-                code="invalid_request_class",
-            )
-        url = self._engine_url(backend.url)
-        decision = await self.control.manager.ensure_hot(url, resolution, klass)
-        extra = decision.headers().items()
-        headers = [(k.encode(), v.encode("latin-1", "replace")) for k, v in extra]
+            return
+        url = self._engine_url(attempt.backend.url)
+        decision = await self.control.manager.ensure_hot(url, resolution, self._class(request))
         if decision.action is Action.REJECT:
             decision.finish(ok=False)
             raise RequestError(
@@ -185,24 +189,71 @@ class AdapterGate:
                 kind="service_unavailable",
                 retry_after_s=decision.retry_after_s,
             )
-        rewritten = encode_body({**request.body, "model": decision.model})
-        return decision, rewritten, headers
+        request.state.adapter_decisions[attempt.backend.id] = decision
+        attempt.body = encode_body({**request.body, "model": decision.model})
+        for name, value in decision.headers().items():
+            attempt.response_headers.append((name.encode(), value.encode("latin-1", "replace")))
 
-    def hold_for_prefill(
-        self, request: RoutingRequest, backend: BackendView
-    ) -> AdapterDecision | None:
-        """A hold on the request's adapter for a remote prefill step on ``backend`` when it is
-        hot there, else None (a background load starts there); see
-        :meth:`kvstack.lora.manager.AdapterCacheManager.hold_for_prefill`."""
-        resolution: AdapterResolution = request.scratch[ADAPTER_KEY]
-        url = self._engine_url(backend.url)
-        return self.control.manager.hold_for_prefill(url, resolution)
+    def prefill_model(
+        self, request: RoutingRequest, decode_id: str, backend: BackendView
+    ) -> PrefillModel:
+        """The model a remote prefill on ``backend`` runs with: the one the decode attempt on
+        ``decode_id`` was admitted with. A served adapter prefills only where it is hot (held
+        until the prefill ends; elsewhere a background load starts and the prefill is
+        skipped); see :meth:`kvstack.lora.manager.AdapterCacheManager.hold_for_prefill`."""
+        decision = request.state.adapter_decisions.get(decode_id)
+        resolution = request.state.adapter
+        if decision is None or resolution is None:
+            return PrefillModel(request.target)
+        if decision.action is not Action.SERVE:
+            return PrefillModel(decision.model)  # a fallback prefills with the base model
+        try:
+            hold = self.control.manager.hold_for_prefill(self._engine_url(backend.url), resolution)
+        except KVStackError as exc:  # the request goes on; the prefill step is skipped
+            log.warning("no adapter hold for a prefill on %s: %s", backend.id, exc)
+            return PrefillModel(decision.model, "failed:adapter")
+        if hold is None:
+            return PrefillModel(decision.model, "adapter_not_hot")
+        request.state.adapter_decisions[backend.id] = hold
+        return PrefillModel(decision.model)
+
+    def _class(self, request: RoutingRequest) -> str:
+        """The request class (its cold-start budget); RequestError when it is not configured."""
+        header = self.config.request_class_header
+        klass = request.headers.get(header) or self.config.default_request_class
+        if klass not in self.control.config.request_classes:
+            known = ", ".join(sorted(self.control.config.request_classes))
+            raise RequestError(
+                f"{header} {klass!r} is not one of {known}",
+                param=header,
+                code="invalid_request_class",
+            )
+        return klass
 
     def _engine_url(self, backend_url: str) -> str:
         for url in self.control.manager.engines:
             if _norm(url) == _norm(backend_url):
                 return url
         raise NoBackendError(f"the adapter manager does not drive backend {backend_url}")
+
+    # -- 5. finish (RequestObserver) ------------------------------------------------------
+    def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
+        return None
+
+    def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
+        return None
+
+    def on_finish(self, request: RoutingRequest, backend: BackendView, outcome: str) -> None:
+        """Finish the manager's decision for ``backend``: outcome, TTFT and the served model."""
+        decision = request.state.adapter_decisions.pop(backend.id, None)
+        if decision is None:
+            return
+        answer = request.state.answer
+        served = None
+        if answer is not None and answer.backend_id == backend.id:
+            served = served_model(answer.first_bytes)
+        ttft_s = answer.ttft_s if answer is not None and served and request.stream else None
+        decision.finish(ttft_s, outcome == "ok", served)
 
 
 def served_model(first_bytes: bytes) -> str | None:

@@ -18,7 +18,8 @@ import sys
 from typing import Any
 
 from kvstack.errors import ConfigError
-from kvstack.router.config import POLICIES, RouterConfig
+from kvstack.router.config import RouterConfig
+from kvstack.router.scheduling.config import POLICIES
 from kvstack.section import load_section, log_config_once
 
 __all__ = ["parse_args", "run"]
@@ -162,7 +163,7 @@ def run(command: str, argv: list[str]) -> int:
         print("kvstack router: no backends; pass --backend URL or a config file", file=sys.stderr)
         return 2
     log_config_once("router", config)
-    from kvstack.router.server import build_server, tune_gc
+    from kvstack.router.http.server import build_server, tune_gc
 
     router = None
     if config.adapters.enabled:

@@ -1,75 +1,62 @@
-"""Forwarding with retries: admit, decide, account, attempt; on a failure before the commit
-point, back off and try another backend (bounded attempts); never retry once bytes reached the
-client.
+"""Forwarding with retries: admit, then decide → attempt → retry until an attempt answers.
 
-Per attempt: the pipeline picks a backend among the eligible ones not tried yet; its load lease
-is taken at once (so concurrent decisions see it), the prefill share is returned at the first
-upstream byte, the request share when the attempt ends however it ends. Failures feed passive
-ejection; a success clears it.
+Per request: the scheduler admits it (a queueing admission may hold it; the backend is chosen
+only after) and prepares it (the prompt's tokens, index lookups). Per attempt: the scheduler
+decides among the eligible backends not tried yet; the attempt steps shape the attempt (the
+adapter stage loads the LoRA adapter there, prefill/decode prefills the prompt elsewhere on
+the first attempt); the attempt is sent. A failure before the commit point (the first body
+byte) backs off and tries another backend, within ``retry.max_attempts`` and the total
+timeout; once bytes reached the client nothing is retried.
+
+Per attempt the backend's load lease is taken at dispatch (so concurrent decisions see it),
+its prefill share is returned at the first upstream byte, the request share when the attempt
+ends however it ends. Failures feed passive ejection; a success clears it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
 
 from kvstack.errors import NoBackendError, UpstreamError
-from kvstack.router.adapters import AdapterGate, served_model
-from kvstack.router.admission import Admission, ImmediateAdmission
-from kvstack.router.backends import BackendPool, BackendState, BackendView
-from kvstack.router.config import RouterConfig
-from kvstack.router.pd import PrefillStep, decode_candidates
-from kvstack.router.pipeline import Decision, Pipeline, eligible_backends
-from kvstack.router.plugins.base import PluginContext, RequestObserver, RequestPreparer
-from kvstack.router.relay import Exchange, Relay
-from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
-from kvstack.router.responses import HOP_BY_HOP, Send
+from kvstack.router.attempt import Attempt, AttemptStep
+from kvstack.router.config import RetryConfig, RouterConfig
+from kvstack.router.fleet.backends import BackendState
+from kvstack.router.http.responses import HOP_BY_HOP, RawHeaders, Send
+from kvstack.router.request import REQUEST_ID_HEADER, AnswerStart, RoutingRequest
+from kvstack.router.scheduling.pipeline import RoutingDecision
+from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.telemetry import Telemetry
-from kvstack.router.upstream_pool import Deadline, UpstreamPool
+from kvstack.router.upstream.pool import Deadline
+from kvstack.router.upstream.relay import Exchange, Relay
 
-if TYPE_CHECKING:
-    from kvstack.lora.decision import AdapterDecision
+__all__ = ["Proxy", "Retries"]
 
-__all__ = ["PATHS", "Proxy", "observers_of"]
-
-PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 BACKEND_HEADER = b"x-kvstack-backend"
 DECISION_HEADER = b"x-kvstack-decision"
 TENANT_HEADER = "x-kvstack-tenant"
 
 
 class Proxy:
+    """``steps`` shape each attempt before it is sent, in order (:mod:`kvstack.router.attempt`)."""
+
     def __init__(
         self,
         config: RouterConfig,
-        pool: BackendPool,
-        pipeline: Pipeline,
-        upstreams: UpstreamPool,
+        scheduler: RoutingScheduler,
+        relay: Relay,
         telemetry: Telemetry,
-        observers: Sequence[RequestObserver] = (),
+        steps: Sequence[AttemptStep] = (),
         rng: random.Random | None = None,
-        admission: Admission | None = None,
-        preparers: Sequence[RequestPreparer] = (),
-        adapters: AdapterGate | None = None,
     ) -> None:
         self.config = config
-        self.pool = pool
-        self.pipeline = pipeline
+        self.scheduler = scheduler
+        self.relay = relay
         self.telemetry = telemetry
-        self.observers = list(observers)
-        self.admission = admission or ImmediateAdmission(PluginContext())
-        self.preparers = list(preparers)
-        self.adapters = adapters
+        self.steps = list(steps)
         self._rng = rng or random.Random()
-        retry_statuses = frozenset(config.retry.on_status)
-        self._relay = Relay(upstreams, config.timeouts.first_byte_s, retry_statuses)
-        self.pd = (
-            PrefillStep(config.pd, pipeline, self._relay, adapters) if config.pd.models else None
-        )
         key = config.auth.upstream_api_key
         self._upstream_auth = None if key is None else f"Bearer {key.get_secret_value()}"
         self._drop_client_auth = config.auth.api_keys_file is not None or bool(config.auth.api_keys)
@@ -79,134 +66,90 @@ class Proxy:
     ) -> None:
         """Answer ``request`` from some backend, or raise UpstreamError / NoBackendError
         (only ever before the commit point)."""
-        permit = await self.admission.admit(request)
+        await self.scheduler.admit(request)
         total = Deadline(self.config.timeouts.total_s, "total")
         try:
-            for preparer in self.preparers:  # late: tokens and lookups for the dispatch now
-                await preparer.prepare(request)
+            await self.scheduler.prepare(request)
             await self._forward(request, body, send, exchange, total)
         finally:
             total.cancel()
-            permit.release()
+            request.state.release()
 
     async def _forward(
-        self,
-        request: RoutingRequest,
-        body: bytes,
-        send: Send,
-        exchange: Exchange,
-        total: Deadline,
+        self, request: RoutingRequest, body: bytes, send: Send, exchange: Exchange, total: Deadline
     ) -> None:
+        """Decide, attempt, retry: until an attempt answers or none is left."""
         headers = self.upstream_headers(request)
-        tried: list[str] = []
-        failure: UpstreamError | None = None
-        for attempt in range(self.config.retry.max_attempts):
-            if attempt:
-                await asyncio.sleep(min(self._backoff_s(attempt), max(0.0, total.remaining_s())))
-            if total.expired or total.remaining_s() <= 0:
-                raise UpstreamError("the request exceeded the total timeout", "timeout", 504)
-            try:
-                everyone = eligible_backends(self.pool.states(), request.target, tried)
-                decision = self._decide(request, everyone)
-            except NoBackendError:
-                if failure is None:
-                    raise
+        retries = Retries(self.config.retry, total, self._rng)
+        while (number := await retries.next()) is not None:
+            decision = self._decide(request, retries)
+            if decision is None:
                 break
-            tried.append(decision.backend.id)
-            exchange.attempts = attempt + 1
-            self.telemetry.decision(decision.reason)
-            adapter: AdapterDecision | None = None
-            sent, extra = body, list[tuple[bytes, bytes]]()
-            if self.adapters is not None:  # load the LoRA adapter there first (budgets apply)
-                adapter, sent, extra = await self.adapters.admit(request, decision.backend, body)
-            if attempt == 0 and self.pd is not None and self.pd.applies(request):
-                try:  # with the model the decode backend serves it with
-                    decision = await self._prefill_remotely(
-                        request, headers, everyone, decision, adapter
-                    )
-                except BaseException:
-                    if adapter is not None:
-                        adapter.finish(ok=False)
-                    raise
             try:
-                await self._attempt(
-                    request, sent, headers, send, exchange, decision, total, adapter, extra
-                )
+                attempt = Attempt(number, decision, body, headers)
+                await self._attempt(request, attempt, send, exchange, total)
                 return
             except UpstreamError as exc:
-                if total.expired:
-                    raise UpstreamError(
-                        "the request exceeded the total timeout", "timeout", 504
-                    ) from None
-                failure = exc
-                self._record_failure(cast(BackendState, decision.backend), exc)
-                if attempt + 1 < self.config.retry.max_attempts:
-                    self.telemetry.retry(exc.kind)
-        assert failure is not None
-        raise failure
+                self._failed(decision.backend, exc, retries)
+        raise retries.last_failure()
 
-    def _decide(self, request: RoutingRequest, everyone: Sequence[BackendView]) -> Decision:
-        candidates = list(everyone)
-        if self.adapters is not None:
-            candidates = self.adapters.candidates(request, candidates)
-        if self.pd is not None and self.pd.applies(request):
-            candidates = decode_candidates(candidates)
-            if not candidates:
-                raise NoBackendError(f"no decode backend serves the PD model {request.target!r}")
-        return self.pipeline.decide(request, candidates)
-
-    async def _prefill_remotely(
-        self,
-        request: RoutingRequest,
-        headers: dict[str, str],
-        everyone: Sequence[BackendView],
-        decision: Decision,
-        adapter: AdapterDecision | None,
-    ) -> Decision:
-        assert self.pd is not None
-        uncached = prefill_tokens(request, decision.backend.id)
-        outcome = await self.pd.run(
-            request, PATHS[request.endpoint], headers, everyone, decision, uncached,
-            self.observers, adapter,
-        )  # fmt: skip
-        return dataclasses.replace(decision, notes=(*decision.notes, outcome.note()))
+    def _decide(self, request: RoutingRequest, retries: Retries) -> RoutingDecision | None:
+        """The next attempt's backend; None when none is left after a failed attempt."""
+        try:
+            decision = self.scheduler.decide(request, retries.tried)
+        except NoBackendError:
+            if retries.failure is None:
+                raise
+            return None
+        retries.tried.append(decision.backend.id)
+        return decision
 
     async def _attempt(
         self,
         request: RoutingRequest,
-        body: bytes,
-        headers: dict[str, str],
+        attempt: Attempt,
         send: Send,
         exchange: Exchange,
-        decision: Decision,
         total: Deadline,
-        adapter: AdapterDecision | None = None,
-        extra_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> None:
-        state = cast(BackendState, decision.backend)
-        lease = state.load.acquire(prefill_tokens(request, state.id))
-        exchange.backend = state.id
-        exchange.extra_headers = self._decision_headers(request, decision, exchange.attempts)
-        exchange.extra_headers.extend(extra_headers)
-        for observer in self.observers:
-            observer.on_dispatch(request, state)
+        exchange.attempts = attempt.number
+        self.telemetry.decision(attempt.decision.reason)
+        for step in self.steps:  # the adapter load; the remote prefill (first attempt)
+            await step.before_attempt(request, attempt)
+        await self._send(request, attempt, send, exchange, total)
+
+    async def _send(
+        self,
+        request: RoutingRequest,
+        attempt: Attempt,
+        send: Send,
+        exchange: Exchange,
+        total: Deadline,
+    ) -> None:
+        """Dispatch the attempt and relay its answer; observers see dispatch, first token and
+        finish, the load lease follows them."""
+        backend = attempt.backend
+        lease = backend.load.acquire(request.prefill_tokens(backend.id))
+        exchange.backend = backend.id
+        exchange.extra_headers = self._response_headers(request, backend.id, attempt)
+        observers = self.scheduler.observers
+        for observer in observers:
+            observer.on_dispatch(request, backend)
         outcome = "cancelled"
-        answered_by: str | None = None
         try:
             exchange.upstream_sent_s = time.perf_counter()
-            opened = await self._relay.open(
-                state.url, PATHS[request.endpoint], headers, body, state.id, request.stream, total
-            )
+            opened = await self.relay.open(
+                backend.url, request.path, attempt.headers, attempt.body, backend.id,
+                request.stream, total,
+            )  # fmt: skip
             exchange.upstream_first_byte_s = time.perf_counter()
-            if adapter is not None:
-                answered_by = served_model(opened.first)
+            ttft_s = exchange.upstream_first_byte_s - request.arrival_s
+            request.state.answer = AnswerStart(backend.id, opened.first, ttft_s)
             lease.first_token()
-            state.ejection.record_success()
-            for observer in self.observers:
-                observer.on_first_token(
-                    request, state, exchange.upstream_first_byte_s - request.arrival_s
-                )
-            outcome = await self._relay.deliver(opened, send, exchange, total)
+            backend.ejection.record_success()
+            for observer in observers:
+                observer.on_first_token(request, backend, ttft_s)
+            outcome = await self.relay.deliver(opened, send, exchange, total)
             if outcome != "ok":
                 self.telemetry.stream_abort(outcome)
         except UpstreamError as exc:
@@ -214,12 +157,14 @@ class Proxy:
             raise
         finally:
             lease.release()
-            for observer in self.observers:
-                observer.on_finish(request, state, outcome)
-            if adapter is not None:
-                first = exchange.upstream_first_byte_s
-                ttft = first - request.arrival_s if request.stream and answered_by else None
-                adapter.finish(ttft, outcome == "ok", answered_by)
+            for observer in observers:
+                observer.on_finish(request, backend, outcome)
+
+    def _failed(self, backend: BackendState, exc: UpstreamError, retries: Retries) -> None:
+        if retries.failed(exc):
+            self.telemetry.retry(exc.kind)
+        self.telemetry.upstream_error(backend.id, exc.kind)
+        backend.record_failure(self.config.ejection, exc.kind)
 
     def upstream_headers(self, request: RoutingRequest) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
@@ -236,34 +181,57 @@ class Proxy:
         return headers
 
     @staticmethod
-    def _decision_headers(
-        request: RoutingRequest, decision: Decision, attempt: int
-    ) -> list[tuple[bytes, bytes]]:
-        value = decision.header() + (f";attempt={attempt}" if attempt > 1 else "")
+    def _response_headers(request: RoutingRequest, backend_id: str, attempt: Attempt) -> RawHeaders:
         return [
-            (BACKEND_HEADER, decision.backend.id.encode("latin-1", "replace")),
-            (DECISION_HEADER, value.encode("latin-1", "replace")),
+            (BACKEND_HEADER, backend_id.encode("latin-1", "replace")),
+            (DECISION_HEADER, attempt.decision_header().encode("latin-1", "replace")),
             (REQUEST_ID_HEADER.encode(), request.request_id.encode("latin-1", "replace")),
+            *attempt.response_headers,
         ]
 
-    def _record_failure(self, state: BackendState, exc: UpstreamError) -> None:
-        self.telemetry.upstream_error(state.id, exc.kind)
-        state.record_failure(self.config.ejection, exc.kind)
 
-    def _backoff_s(self, attempt: int) -> float:
-        retry = self.config.retry
-        delay = min(retry.backoff_max_s, retry.backoff_base_s * 2.0 ** (attempt - 1))
+class Retries:
+    """The attempts at one request: how many, the backoff before each retry, the total
+    deadline, the backends tried and the last failure."""
+
+    def __init__(self, config: RetryConfig, total: Deadline, rng: random.Random) -> None:
+        self.config = config
+        self.total = total
+        self.tried: list[str] = []
+        self.failure: UpstreamError | None = None
+        self._rng = rng
+        self._number = 0
+
+    async def next(self) -> int | None:
+        """The next attempt's number once its backoff has passed, None when none is left;
+        UpstreamError (504) once the total timeout has passed."""
+        if self._number >= self.config.max_attempts:
+            return None
+        if self._number:
+            remaining_s = max(0.0, self.total.remaining_s())
+            await asyncio.sleep(min(self._backoff_s(), remaining_s))
+        if self.total.expired or self.total.remaining_s() <= 0:
+            raise _total_timeout()
+        self._number += 1
+        return self._number
+
+    def failed(self, exc: UpstreamError) -> bool:
+        """Record a failed attempt; True when another may follow. Raises the total timeout
+        instead when that is what ended the attempt."""
+        if self.total.expired:
+            raise _total_timeout() from None
+        self.failure = exc
+        return self._number < self.config.max_attempts
+
+    def last_failure(self) -> UpstreamError:
+        assert self.failure is not None, "no attempt failed"
+        return self.failure
+
+    def _backoff_s(self) -> float:
+        delay = self.config.backoff_base_s * 2.0 ** (self._number - 1)
+        delay = min(self.config.backoff_max_s, delay)
         return delay * (0.5 + 0.5 * self._rng.random())  # jitter: retries do not move in lockstep
 
 
-def prefill_tokens(request: RoutingRequest, backend_id: str) -> int:
-    """The prompt tokens the backend must compute: the cost model's uncached estimate for it
-    when one ran, else the whole prompt."""
-    uncached = request.scratch.get("uncached_tokens")
-    if uncached is not None and backend_id in uncached:
-        return int(uncached[backend_id])
-    return request.estimated_prompt_tokens
-
-
-def observers_of(plugins: Sequence[object]) -> list[RequestObserver]:
-    return [p for p in plugins if isinstance(p, RequestObserver)]
+def _total_timeout() -> UpstreamError:
+    return UpstreamError("the request exceeded the total timeout", "timeout", 504)

@@ -1,35 +1,98 @@
-"""What the router knows about a request: parsed once, validated, handed to every plugin.
+"""What the router knows about a request, and what its stages learn about it on the way.
 
-``parse_request`` reads only the fields routing needs and checks them the way OpenAI's API does
-(a :class:`~kvstack.errors.RequestError` renders as an OpenAI-style 400); every other field is
-left for the backend and forwarded unchanged.
+:class:`RoutingRequest` is the value every stage reads: the fields routing needs, parsed once
+(:func:`kvstack.router.http.parse.parse_request`), with ``target`` set by model routing.
+:class:`RequestState` is its typed memo. Each field is written by one stage and read by later
+ones, so work is done once per request however many plugins need it::
+
+    field              written by                          read by
+    prompt             scheduling.prompts (render)         prefix, load accounting
+    tier_hits          prefix.state (prepare: the index)   prefix.state (view)
+    prefix_match       prefix.state (view)                 prefix.state (view)
+    uncached_tokens    plugins.cost (score)                load lease, pd
+    predictions        plugins.cost (score)                plugins.cost (first token)
+    dispatched_s       plugins.cost (dispatch)             plugins.cost (first token)
+    radix_locks        prefix.state (dispatch)             prefix.state (finish)
+    permit             proxy (admission)                   admission.priority, release()
+    adapter            adapters (resolve)                  prompts, adapters, plugins.lora
+    adapter_decisions  adapters (attempt, prefill hold)    adapters (finish), release()
+    remote_prefill     pd (before the first attempt)       plugins.cost (first token)
+    answer             proxy (first body byte)             adapters (finish)
+
+Model routing replaces the request (``with_target``) before any stage runs: a new target
+starts from an empty state.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import os
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 
-from kvstack.errors import RequestError
+if TYPE_CHECKING:
+    from kvstack.index.radix import Owner, PrefixMatch
+    from kvstack.index.radix_node import Node
+    from kvstack.lora.decision import AdapterDecision
+    from kvstack.lora.resolver import AdapterResolution
+    from kvstack.router.admission.permit import Permit
+    from kvstack.router.pd.plan import PrefillOutcome
+    from kvstack.router.scheduling.cost_model import Prediction
+    from kvstack.router.scheduling.tokenizers import PromptTokens
 
-__all__ = ["Endpoint", "RoutingRequest", "encode_body", "parse_request", "prompt_text"]
+__all__ = [
+    "PATHS",
+    "AnswerStart",
+    "Endpoint",
+    "RequestState",
+    "RoutingRequest",
+    "encode_body",
+    "prompt_text",
+]
 
 Endpoint = Literal["completions", "chat"]
+PATHS: Mapping[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PRIORITY_HEADER = "x-kvstack-priority"
 REQUEST_ID_HEADER = "x-request-id"
-
-# Request ids: a per-process random prefix and a counter (uuid4 per request costs more).
-_ID_PREFIX = os.urandom(6).hex()
-_ids = itertools.count(1)
-_decoder = msgspec.json.Decoder()
 _encoder = msgspec.json.Encoder()
+
+
+class AnswerStart(NamedTuple):
+    """The first body bytes of the attempt that answered, and when they came."""
+
+    backend_id: str
+    first_bytes: bytes  # the engine names the model it served in them
+    ttft_s: float  # from the request's arrival
+
+
+@dataclass(slots=True, eq=False)
+class RequestState:
+    """One request's typed memo (the table above says who writes and who reads each field)."""
+
+    prompt: PromptTokens | None = None
+    tier_hits: dict[str, dict[str, int]] = field(default_factory=dict)  # backend -> tier -> n
+    prefix_match: PrefixMatch | None = None
+    uncached_tokens: dict[str, float] = field(default_factory=dict)  # backend -> tokens
+    predictions: dict[str, Prediction] = field(default_factory=dict)  # backend -> TTFT
+    dispatched_s: float | None = None  # perf_counter at the last dispatch
+    radix_locks: dict[str, list[tuple[Owner, Node]]] = field(default_factory=dict)
+    permit: Permit | None = None
+    adapter: AdapterResolution | None = None  # the registered adapter the name resolved to
+    adapter_decisions: dict[str, AdapterDecision] = field(default_factory=dict)  # by backend
+    remote_prefill: PrefillOutcome | None = None
+    answer: AnswerStart | None = None
+
+    def release(self) -> None:
+        """The request ended however it ended: give the admission permit back and finish the
+        adapter decisions no attempt finished (one cancelled before its dispatch)."""
+        if self.permit is not None:
+            permit, self.permit = self.permit, None
+            permit.release()
+        while self.adapter_decisions:
+            _, decision = self.adapter_decisions.popitem()
+            decision.finish(ok=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,12 +115,16 @@ class RoutingRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: Mapping[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # time.perf_counter() at arrival
-    # Per-request memo shared by plugins (the rendered prompt, prefix matches, predictions),
-    # so work is done once per request however many plugins need it.
-    scratch: dict[str, Any] = field(default_factory=dict, compare=False)
+    state: RequestState = field(default_factory=RequestState, compare=False, repr=False)
 
-    def with_target(self, target: str) -> RoutingRequest:
-        return dataclasses.replace(self, target=target, scratch={})
+    def with_target(self, target: str, **changes: Any) -> RoutingRequest:
+        """The request aimed at ``target`` (with other ``changes``), from an empty state."""
+        return dataclasses.replace(self, target=target, state=RequestState(), **changes)
+
+    @property
+    def path(self) -> str:
+        """The backend path of the endpoint (``/v1/completions``, ``/v1/chat/completions``)."""
+        return PATHS[self.endpoint]
 
     @property
     def text(self) -> str:
@@ -66,14 +133,20 @@ class RoutingRequest:
 
     @property
     def estimated_prompt_tokens(self) -> int:
-        """The rendered prompt's length once tokenized (``scratch["prompt"]``), token ids when
-        sent, else ~4 characters per token."""
-        rendered = self.scratch.get("prompt")
+        """The rendered prompt's length once tokenized, token ids when sent, else ~4 characters
+        per token."""
+        rendered = self.state.prompt
         if rendered is not None:
             return len(rendered.tokens)
         if self.token_ids is not None:
             return len(self.token_ids)
         return len(self.text) // 4 + 1
+
+    def prefill_tokens(self, backend_id: str) -> int:
+        """The prompt tokens ``backend_id`` must compute: the cost model's uncached estimate for
+        it when one ran, else the whole prompt."""
+        uncached = self.state.uncached_tokens.get(backend_id)
+        return self.estimated_prompt_tokens if uncached is None else int(uncached)
 
 
 def prompt_text(prompt: object, messages: Sequence[Mapping[str, Any]] | None) -> str:
@@ -94,115 +167,6 @@ def _content_text(content: object) -> str:
     return ""
 
 
-def parse_request(
-    endpoint: Endpoint,
-    raw: bytes,
-    headers: Mapping[str, str],
-    *,
-    session_header: str = "x-session-id",
-    tenant: str | None = None,
-    arrival_s: float | None = None,
-) -> RoutingRequest:
-    """Parse and check a completions or chat body; raise :class:`RequestError` (400)."""
-    body = _decode_object(raw)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise RequestError("you must provide a model parameter", param="model")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError(f"'stream' must be a boolean, got {stream!r}", param="stream")
-    max_tokens = _optional_int(body, "max_completion_tokens")
-    if max_tokens is None:
-        max_tokens = _optional_int(body, "max_tokens")
-    prompt, messages, token_ids = _inputs(endpoint, body)
-    user = body.get("user")
-    user = user if isinstance(user, str) and user else None
-    return RoutingRequest(
-        request_id=headers.get(REQUEST_ID_HEADER) or f"{_ID_PREFIX}-{next(_ids)}",
-        endpoint=endpoint,
-        model=model,
-        target=model,
-        prompt=prompt,
-        messages=messages,
-        token_ids=token_ids,
-        stream=stream,
-        max_tokens=max_tokens,
-        priority=headers.get(PRIORITY_HEADER),
-        session_id=headers.get(session_header) or user,
-        user=user,
-        tenant=tenant,
-        headers=headers,
-        body=body,
-        arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
-    )
-
-
 def encode_body(body: Mapping[str, Any]) -> bytes:
+    """A request body as JSON bytes (msgspec)."""
     return _encoder.encode(body)
-
-
-def _decode_object(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        raise RequestError("the request body is empty; send a JSON object", code="invalid_json")
-    try:
-        body = _decoder.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise RequestError(
-            f"We could not parse the JSON body of your request ({exc})", code="invalid_json"
-        ) from None
-    if not isinstance(body, dict):
-        raise RequestError(
-            f"the request body must be a JSON object, got {type(body).__name__}",
-            code="invalid_json",
-        )
-    return body
-
-
-def _optional_int(body: Mapping[str, Any], name: str) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise RequestError(f"'{name}' must be a non-negative integer, got {value!r}", param=name)
-    return value
-
-
-def _inputs(
-    endpoint: Endpoint, body: Mapping[str, Any]
-) -> tuple[str | list[Any] | None, list[dict[str, Any]] | None, list[int] | None]:
-    if endpoint == "chat":
-        return None, _messages(body.get("messages")), None
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise RequestError("you must provide a prompt parameter", param="prompt")
-    if isinstance(prompt, str):
-        return prompt, None, None
-    if isinstance(prompt, list) and prompt:
-        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return prompt, None, list(prompt)
-        if all(isinstance(p, str) for p in prompt) or all(_is_token_list(p) for p in prompt):
-            return prompt, None, None
-    raise RequestError(
-        "'prompt' must be a string, a list of strings, a list of token ids or a list of lists "
-        "of token ids",
-        param="prompt",
-    )
-
-
-def _is_token_list(value: object) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value
-    )
-
-
-def _messages(value: object) -> list[dict[str, Any]]:
-    if value is None:
-        raise RequestError("you must provide a messages parameter", param="messages")
-    if not isinstance(value, list) or not value:
-        raise RequestError("'messages' must be a non-empty array", param="messages")
-    for i, message in enumerate(value):
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise RequestError(
-                f"messages[{i}] must be an object with a string 'role'", param=f"messages.{i}"
-            )
-    return value

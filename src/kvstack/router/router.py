@@ -1,8 +1,10 @@
 """``Router``: the router's parts wired together, with one start and one close.
 
-Start order: the upstream client; discovery (its first snapshot fills the pool); one round of
-health checks and model reads (so the first request sees live backends); the scraper; the
-plugins' own background work. Close runs in reverse.
+Start order: the control-plane client; discovery (its first snapshot fills the pool); one
+round of health checks and model reads (so the first request sees live backends); the
+scraper; the services and plugins' own background work. Close runs in reverse. The router also
+answers what is not per request: a client's model name resolved to a target
+(``resolve_target``), ``/v1/models`` and ``/health``.
 """
 
 from __future__ import annotations
@@ -13,21 +15,28 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvstack.router.adapters import AdapterGate
-from kvstack.router.admission import ADMISSIONS
-from kvstack.router.auth import ApiKeys
-from kvstack.router.backends import Backend, BackendPool, BackendState
+from kvstack.errors import UnknownModelError
+from kvstack.router.adapters import AdapterStage
+from kvstack.router.admission.base import ADMISSIONS, Admission
+from kvstack.router.attempt import AttemptStep
 from kvstack.router.config import RouterConfig
-from kvstack.router.discovery import Discovery, make_discovery
-from kvstack.router.health import HealthChecker
-from kvstack.router.model_routes import ModelRouter
-from kvstack.router.pipeline import Pipeline, build_plugin, preset
-from kvstack.router.plugins.base import Plugin, PluginContext, RequestPreparer
-from kvstack.router.proxy import Proxy, observers_of
-from kvstack.router.scraper import MetricsScraper
+from kvstack.router.fleet.backends import Backend, BackendPool, BackendState
+from kvstack.router.fleet.discovery import Discovery, make_discovery
+from kvstack.router.fleet.health import HealthChecker
+from kvstack.router.fleet.scraper import MetricsScraper
+from kvstack.router.http.auth import ApiKeys
+from kvstack.router.http.responses import ASGIApp
+from kvstack.router.pd.step import PrefillStep
+from kvstack.router.proxy import Proxy
+from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.scheduling.model_routes import ModelRouter
+from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
+from kvstack.router.scheduling.plugins.base import Plugin, PluginContext
+from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.telemetry import Telemetry
-from kvstack.router.upstream import UpstreamClient
-from kvstack.router.upstream_pool import UpstreamPool
+from kvstack.router.upstream.control import ControlClient
+from kvstack.router.upstream.pool import UpstreamPool
+from kvstack.router.upstream.relay import Relay
 
 if TYPE_CHECKING:
     from kvstack.lora.control import LoRAControl
@@ -52,7 +61,7 @@ class Router:
         rng = random.Random(config.seed)
         self.pool = BackendPool(stale_after_s=config.scrape.stale_after_s)
         self.discovery = discovery or make_discovery(config)
-        self.client = UpstreamClient(config.timeouts)  # control plane: health, models, metrics
+        self.client = ControlClient()  # control plane: health, models, metrics
         self.upstreams = UpstreamPool(config.timeouts.connect_s)  # the proxied requests
         self.auth = ApiKeys(config.auth)
         self.telemetry = Telemetry()
@@ -62,11 +71,9 @@ class Router:
             from kvstack.lora.control import LoRAControl
 
             self.lora = LoRAControl.from_config()
-        self.adapters = None if self.lora is None else AdapterGate(self.lora, config.adapters)
-        if self.lora is not None:
-            self.context.services["lora"] = self.lora  # started and closed with the services
-        self.pipeline = Pipeline.from_config(config.pipeline or preset(config.policy), self.context)
-        self.admission = build_plugin(
+        self.adapters = self._adapter_stage()
+        self.pipeline = self._pipeline()
+        self.admission: Admission = build_plugin(
             ADMISSIONS.get(config.admission.name), config.admission, self.context
         )
         # Services the plugins created (prefix state, cost model): shared, started first.
@@ -76,19 +83,39 @@ class Router:
             self.pool, self.client, config.health, on_round=self.auth.reload_if_changed
         )
         self.scraper = MetricsScraper(self.pool, self.client, config.scrape)
-        self.proxy = Proxy(
-            config,
-            self.pool,
-            self.pipeline,
-            self.upstreams,
-            self.telemetry,
-            observers_of([*self.services, *self.plugins()]),
-            rng,
-            self.admission,
-            [s for s in self.services if isinstance(s, RequestPreparer)],
-            self.adapters,
+        self.scheduler = RoutingScheduler(
+            self.pool, self.pipeline, self.admission, self.services, config.pd.models
+        )
+        relay = Relay(
+            self.upstreams, config.timeouts.first_byte_s, frozenset(config.retry.on_status)
+        )
+        self.proxy = Proxy(config, self.scheduler, relay, self.telemetry, self._steps(relay), rng)
+        self.admin_app: ASGIApp | None = (
+            None if self.adapters is None else self.adapters.admin_app()
         )
         self._started = False
+
+    def _adapter_stage(self) -> AdapterStage | None:
+        if self.lora is None:
+            return None
+        self.context.services["lora"] = self.lora  # started and closed with the services
+        return AdapterStage(self.lora, self.config.adapters, self.context)
+
+    def _pipeline(self) -> Pipeline:
+        """The configured pipeline; the adapter stage filters first when it is wired in."""
+        pipeline = Pipeline.from_config(
+            self.config.pipeline or preset(self.config.policy), self.context
+        )
+        if self.adapters is not None:
+            pipeline.filters.insert(0, self.adapters)
+        return pipeline
+
+    def _steps(self, relay: Relay) -> list[AttemptStep]:
+        """What runs before each attempt: the adapter load, then the remote prefill."""
+        steps: list[AttemptStep] = [] if self.adapters is None else [self.adapters]
+        if self.config.pd.models:
+            steps.append(PrefillStep(self.config.pd, self.scheduler, relay, self.adapters))
+        return steps
 
     async def start(self) -> None:
         await self.client.start()
@@ -126,6 +153,22 @@ class Router:
 
     def _publish(self, backends: Sequence[Backend]) -> None:
         self.pool.apply(backends)
+
+    def resolve_target(self, request: RoutingRequest, body: bytes) -> tuple[RoutingRequest, bytes]:
+        """The request aimed at what the backends must serve, and the body to send: model
+        routes first (aliases, weighted targets), then the adapter registry."""
+        try:
+            route = self.models.resolve(request.model, self.pool.states(), request.session_id)
+        except UnknownModelError:
+            if self.adapters is None or not self.adapters.knows(request.model):
+                raise
+            return self.adapters.resolve(request), body  # registered, no engine has it loaded
+        if route.target != request.model:
+            request = request.with_target(route.target)
+            body = encode_body({**request.body, "model": route.target})
+        if self.adapters is not None:
+            request = self.adapters.resolve(request)
+        return request, body
 
     def health_report(self) -> tuple[bool, dict[str, Any]]:
         """(any backend reachable, a JSON-able report per backend) for ``/health``."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from prometheus_client import Counter, Gauge, Histogram
 
 from kvstack.metrics import counter, gauge, histogram
-from kvstack.router.backends import BackendState
+from kvstack.router.fleet.backends import BackendState
 
 __all__ = ["Telemetry"]
 

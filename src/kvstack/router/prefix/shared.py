@@ -25,16 +25,15 @@ from kvstack.index.client import AsyncIndexClient, lookup_request
 from kvstack.index.protocol import LookupReply
 from kvstack.log import IncidentLogger
 from kvstack.metrics import counter
-from kvstack.router.backends import BackendView
-from kvstack.router.config_scheduling import PrefixConfig
-from kvstack.router.prompts import PromptTokens
+from kvstack.router.fleet.backends import BackendView
+from kvstack.router.scheduling.config import PrefixConfig
+from kvstack.router.scheduling.tokenizers import PromptTokens
 
-__all__ = ["INSTANCE_LABEL", "SCRATCH_KEY", "SharedTierLookup", "tier_kind", "tiers_by_backend"]
+__all__ = ["INSTANCE_LABEL", "SharedTierLookup", "tier_kind", "tiers_by_backend"]
 
 log = logging.getLogger(__name__)
 incidents = IncidentLogger(log)
 INSTANCE_LABEL = "kvstack.io/index-instance"
-SCRATCH_KEY = "tier_hits"
 LOOKUPS = counter(
     "kvstack_router_index_lookups_total", "Lookups at the kvstack index server", ["outcome"]
 )

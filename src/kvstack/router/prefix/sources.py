@@ -13,9 +13,9 @@ import logging
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from kvstack.router.backends import BackendView
-from kvstack.router.config_scheduling import EventsConfig
+from kvstack.router.fleet.backends import BackendView
 from kvstack.router.prefix.subscriber import EventSink, EventStream
+from kvstack.router.scheduling.config import EventsConfig
 
 __all__ = ["EventStreams", "event_endpoint", "replay_endpoint"]
 

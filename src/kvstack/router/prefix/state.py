@@ -26,25 +26,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvstack.index.radix import Owner, OwnerPolicy, PrefixMatch, RadixIndex
-from kvstack.index.radix_node import Node
 from kvstack.metrics import counter, gauge
-from kvstack.router.backends import BackendPool, BackendView
-from kvstack.router.config_scheduling import PrefixConfig
+from kvstack.router.fleet.backends import BackendPool, BackendView
 from kvstack.router.prefix.blocks import BlockTracker
 from kvstack.router.prefix.events import KVEventBatch
-from kvstack.router.prefix.shared import SCRATCH_KEY as TIER_HITS
 from kvstack.router.prefix.shared import SharedTierLookup
 from kvstack.router.prefix.sources import EventStreams
 from kvstack.router.prefix.view import PrefixView
-from kvstack.router.prompts import PromptRenderer, PromptTokens
 from kvstack.router.request import RoutingRequest
+from kvstack.router.scheduling.config import PrefixConfig
+from kvstack.router.scheduling.prompts import PromptRenderer
+from kvstack.router.scheduling.tokenizers import PromptTokens
 
 __all__ = ["PrefixState"]
 
 log = logging.getLogger(__name__)
 INFLIGHT_TTL_S = 3.0
 DEFAULT_CAPACITY_TOKENS = 1 << 20
-MATCH_KEY, LOCKS_KEY = "prefix_match", "prefix_locks"
 EVENT_TIERS = ("gpu", "cpu", "disk")
 
 PRECISE = gauge(
@@ -119,7 +117,7 @@ class PrefixState:
         await self.renderer.prepare(request, backends)
         hits = await self.shared.lookup(self.prompt(request, backends), backends)
         if hits:
-            request.scratch[TIER_HITS] = hits
+            request.state.tier_hits = hits
 
     async def _maintain(self) -> None:
         while True:
@@ -162,10 +160,11 @@ class PrefixState:
     def view(self, request: RoutingRequest, backends: Sequence[BackendView]) -> PrefixView:
         """Each backend's matched prefix of the request, per tier (memoized per request)."""
         prompt = self.prompt(request, backends)
-        match: PrefixMatch | None = request.scratch.get(MATCH_KEY)
+        match = request.state.prefix_match
         if match is None:
-            match = request.scratch[MATCH_KEY] = self.index.match(prompt.namespace, prompt.tokens)
-        shared: dict[str, dict[str, int]] = request.scratch.get(TIER_HITS, {})
+            match = self.index.match(prompt.namespace, prompt.tokens)
+            request.state.prefix_match = match
+        shared = request.state.tier_hits
         now = time.monotonic()
         tiers: dict[str, dict[str, int]] = {}
         fullness: dict[str, float] = {}
@@ -201,20 +200,19 @@ class PrefixState:
     def on_dispatch(self, request: RoutingRequest, backend: BackendView) -> None:
         prompt = self.prompt(request, [backend])
         self._update_capacity(backend)
-        handles: dict[str, list[tuple[Owner, Node]]] = request.scratch.setdefault(LOCKS_KEY, {})
         # One insert per dispatch: the routed belief while approximate; in precise mode the
         # events are the belief and only the running prompts are added (until events cover them).
         precise = prompt.exact and self.is_precise(backend.id)
         owner = Owner(backend.id, "inflight" if precise else "routed")
         done = self.index.insert(prompt.namespace, prompt.tokens, owner, lock=True)
-        handles[backend.id] = [] if done.lock is None else [(owner, done.lock)]
+        locks = [] if done.lock is None else [(owner, done.lock)]
+        request.state.radix_locks[backend.id] = locks
 
     def on_first_token(self, request: RoutingRequest, backend: BackendView, ttft_s: float) -> None:
         return None
 
     def on_finish(self, request: RoutingRequest, backend: BackendView, outcome: str) -> None:
-        handles: dict[str, list[tuple[Owner, Node]]] = request.scratch.get(LOCKS_KEY, {})
-        for owner, node in handles.pop(backend.id, []):
+        for owner, node in request.state.radix_locks.pop(backend.id, []):
             self.index.unlock(node, owner)
         if outcome == "ok":
             self._check_events(request, backend.id)
@@ -223,7 +221,7 @@ class PrefixState:
         """Validate what precise mode relies on: a prompt the engine has just served must be
         in its KV events under the router's own token ids. If none of the first prompts ever
         is, the router tokenizes differently from the engine: approximate mode, said loudly."""
-        prompt: PromptTokens | None = request.scratch.get("prompt")
+        prompt = request.state.prompt
         mode = self.modes.get(backend_id)
         if prompt is None or not prompt.exact or len(prompt.tokens) < CHECK_MIN_TOKENS:
             return

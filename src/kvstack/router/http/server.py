@@ -1,0 +1,56 @@
+"""Build the uvicorn server that runs the router (used by the CLI, the benchmark and tests)."""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import logging
+
+import uvicorn
+
+from kvstack.router.config import RouterConfig
+from kvstack.router.http.app import RouterApp
+from kvstack.router.router import Router
+
+__all__ = ["build_server", "tune_gc"]
+
+log = logging.getLogger(__name__)
+
+
+def _fastest(module: str, fallback: str = "auto") -> str:
+    return module if importlib.util.find_spec(module) is not None else fallback
+
+
+def tune_gc() -> None:
+    """Collect young objects 30x less often, and exempt the startup heap from collections.
+
+    A proxied request allocates a few hundred container objects (scope, headers, futures,
+    coroutines), nearly all freed by reference counting; with the default threshold (700) a
+    generation-0 collection ran every two or three requests and cost ~20 µs of the ~75 µs the
+    router's own code spends per request (measured with the router's ASGI app in process).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 100)
+
+
+def build_server(config: RouterConfig, router: Router | None = None) -> uvicorn.Server:
+    """A uvicorn server for ``config`` (httptools + uvloop when installed; no access log)."""
+    app = RouterApp(router or Router(config))
+    server_config = uvicorn.Config(
+        app,
+        host=config.host,
+        port=config.port,
+        loop=_fastest("uvloop"),
+        http=_fastest("httptools"),
+        lifespan="on",
+        access_log=False,
+        log_config=None,  # keep the process's logging setup
+        proxy_headers=False,  # the router is the edge; X-Forwarded-* is not trusted
+        server_header=False,
+        date_header=False,
+        timeout_keep_alive=75,  # longer than common client pools keep idle connections
+        backlog=4096,
+        timeout_graceful_shutdown=30,  # streams may run for minutes; do not wait forever
+    )
+    return uvicorn.Server(server_config)

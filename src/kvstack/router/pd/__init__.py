@@ -1,0 +1,1 @@
+"""Prefill/decode disaggregation: the remote prefill step before the decode attempt."""
