@@ -24,7 +24,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "starlette": "server",
     "uvicorn": "server",
     "httpx": "server",
-    "aiohttp": "server",
+    "aiohttp": "bench",
     "msgspec": "server",
     "zmq": "server",
     "cbor2": "server",
