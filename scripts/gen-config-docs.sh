@@ -10,5 +10,5 @@ cd "$(dirname "$0")/.."
   echo "overridden by an environment variable \`KVSTACK_<SECTION>_<KEY>\` (nested keys joined with"
   echo "\`__\`, e.g. \`KVSTACK_ROUTER_HEALTH__INTERVAL_S=2\`). Unknown keys are errors."
   echo
-  .venv/bin/kvstack config reference
+  "${KVSTACK_VENV:-.venv}/bin/python" -m kvstack config reference
 } > docs/configuration.md

@@ -30,6 +30,7 @@ from kvstack.section import (
     read_config_file,
     validate_section,
 )
+from kvstack.security import SecurityConfig
 from kvstack.sim.config import SimConfig
 from kvstack.stack.config import StackConfig
 
@@ -55,6 +56,7 @@ class KVStackConfig(Section):
     sim: SimConfig = Field(default_factory=SimConfig)
     bench: BenchConfig = Field(default_factory=BenchConfig)
     stack: StackConfig = Field(default_factory=StackConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
 
 
 SECTION_NAMES = tuple(KVStackConfig.model_fields)
