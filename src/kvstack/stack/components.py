@@ -142,7 +142,6 @@ class _Context:
     cores: CorePlan | None
 
 
-
 def _engine(
     spec: StackEngineSpec, name: str, model: str, port: int, events: int | None, ctx: _Context
 ) -> Component:
