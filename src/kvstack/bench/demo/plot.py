@@ -24,7 +24,15 @@ STORY_BARS = (
 _KVSTACK, _PLAIN = "#2a9d8f", "#8d99ae"
 
 
-def plot(story: dict[str, float | bool], rows: Sequence[DemoRow], path: Path, label: str) -> Path:
+def plot(
+    story: dict[str, float | bool],
+    rows: Sequence[DemoRow],
+    path: Path,
+    label: str,
+    tokens_checked: bool = True,
+) -> Path:
+    """The PNG at ``path``; ``tokens_checked`` False (simulated engines): the story's title says
+    that identity was not checked instead of claiming it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -33,7 +41,7 @@ def plot(story: dict[str, float | bool], rows: Sequence[DemoRow], path: Path, la
     workloads = list(dict.fromkeys(r.workload for r in rows))
     panels = 1 + len(workloads)
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.4), squeeze=False)
-    _story_panel(axes[0][0], story)
+    _story_panel(axes[0][0], story, tokens_checked)
     for ax, workload in zip(axes[0][1:], workloads, strict=True):
         _load_panel(ax, workload, [r for r in rows if r.workload == workload])
     fig.suptitle(f"kvstack demo: prefill once ({label})")
@@ -44,7 +52,7 @@ def plot(story: dict[str, float | bool], rows: Sequence[DemoRow], path: Path, la
     return path
 
 
-def _story_panel(ax: Axes, story: dict[str, float | bool]) -> None:
+def _story_panel(ax: Axes, story: dict[str, float | bool], tokens_checked: bool) -> None:
     values = [float(story[key]) for _, key, _ in STORY_BARS]
     colors = [_KVSTACK if kvstack else _PLAIN for _, _, kvstack in STORY_BARS]
     bars = ax.bar(range(4), values, color=colors)
@@ -54,6 +62,8 @@ def _story_panel(ax: Axes, story: dict[str, float | bool]) -> None:
     ax.set_xticks(range(4), [label for label, _, _ in STORY_BARS], fontsize=8)
     ax.set_ylabel("time to first token (s)")
     same = "identical tokens" if story.get("identical_tokens") else "TOKENS DIFFER"
+    if not tokens_checked:
+        same = "simulated: tokens not checked"
     ax.set_title(f"one document, prefilled once ({same})")
 
 

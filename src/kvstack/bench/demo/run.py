@@ -217,7 +217,7 @@ def _finish(args: argparse.Namespace, story: Story, rows: list[DemoRow], out: Pa
             ui.print(f"  {line}", None if won else "yellow")
     document = _document(args, story, label, wall_s)
     with ui.phase("drawing the plot"):
-        png = plot(document["story"], rows, out / "demo.png", label)
+        png = plot(document["story"], rows, out / "demo.png", label, story.checks_tokens)
     write_json(out / "demo.json", document, rows)
     ui.print(f"plot: {png}\nnumbers: {out / 'demo.json'}\ntook {wall_s // 60:.0f} min "
              f"{wall_s % 60:.0f} s")  # fmt: skip
