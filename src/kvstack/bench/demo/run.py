@@ -208,9 +208,6 @@ def _arm(
 
 def _finish(args: argparse.Namespace, story: Story, rows: list[DemoRow], out: Path, label: str,
             wall_s: float, ui: DemoConsole) -> int:  # fmt: skip
-    cold = story.cold.ttft_s
-    ui.print(f"  other instance {story.other_instance.ttft_s / cold:.3f}x the cold TTFT, after "
-             f"a restart {story.after_restart.ttft_s / cold:.3f}x")  # fmt: skip
     if rows:
         print_table(rows, label)
         for won, line in verdicts(rows):

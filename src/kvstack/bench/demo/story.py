@@ -189,6 +189,9 @@ def print_check(story: Story, ui: DemoConsole) -> None:
         f"\n[bold]engine B answered in {b:.2f} s instead of {alone:.2f} s: "
         f"{alone / b:.0f}x faster; {tail}[/bold]"
     )
+    cold = story.cold.ttft_s
+    ui.print(f"  (engine B took {b / cold:.3f}x engine A's cold TTFT, "
+             f"{story.after_restart.ttft_s / cold:.3f}x after the restart)")  # fmt: skip
 
 
 def _print_answers(story: Story, ui: DemoConsole) -> None:
