@@ -13,7 +13,7 @@ percentiles. Without vLLM it runs on simulated engines and says so.
 It writes ``demo.png`` (the story's bars and the TTFT distributions) and ``demo.json`` (the
 ``story`` object and the load rows) and exits non-zero if the answers differ, the control shows
 that the check could not tell, or any request failed. ``--quick`` or ``KVSTACK_DEMO_QUICK=1``:
-the story only (about two minutes on 2 cores).
+the story only (three engine starts and a restart: minutes on 2 cores).
 """
 
 from __future__ import annotations
