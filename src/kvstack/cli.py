@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "sim-engine": ("kvstack.sim.cli", "run a simulated vLLM-compatible engine"),
     "router": ("kvstack.router.cli", "run the OpenAI-compatible router"),
+    "epp": ("kvstack.router.epp.cli", "run the router's brain as a Gateway API endpoint picker"),
     "index-server": ("kvstack.cluster.index_cli", "run the cluster KV index service"),
     "peer-server": ("kvstack.cluster.peer_cli", "serve local KV tiers to peers"),
     "adapters": ("kvstack.lora.cli", "manage the LoRA adapter registry"),

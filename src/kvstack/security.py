@@ -60,6 +60,7 @@ PURPOSES = frozenset(
         "announce",  # engines' announcements (bound to their instance id)
         "chunk-mac",  # the MAC every stored chunk carries
         "tenant-salt",  # the router's per-tenant cache salts
+        "epp",  # the bearer token a gateway sends to the endpoint picker (ext_proc metadata)
     }
 )
 

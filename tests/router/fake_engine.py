@@ -50,6 +50,8 @@ class FakeEngine:
     running_requests: float = 0.0
     waiting_requests: float = 0.0
     kv_usage: float = 0.0
+    running_adapters: list[str] = field(default_factory=list)  # vllm:lora_requests_info
+    max_loras: int = 4
     seen: list[Seen] = field(default_factory=list)
     disconnects: int = 0
     in_progress: int = 0
@@ -106,6 +108,12 @@ class FakeEngine:
             f'vllm:num_requests_waiting{{model_name="{model}"}} {self.waiting_requests}\n'
             f'vllm:kv_cache_usage_perc{{model_name="{model}"}} {self.kv_usage}\n'
         )
+        if self.running_adapters:
+            running = ",".join(self.running_adapters)
+            text += (
+                f'vllm:lora_requests_info{{max_lora="{self.max_loras}",'
+                f'running_lora_adapters="{running}",waiting_lora_adapters=""}} 1\n'
+            )
         return web.Response(text=text, content_type="text/plain")
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
