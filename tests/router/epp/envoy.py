@@ -77,6 +77,14 @@ def _mutation(answer: Answer, mutation: pb.HeaderMutation) -> None:
     answer.removed.extend(mutation.remove_headers)
 
 
+@dataclass
+class Forwarded:
+    answer: Answer  # the request side
+    status: int  # the client's status
+    body: bytes  # the client's body
+    headers: dict[str, str]  # what the EPP added to the client's answer
+
+
 class ExtProcCall:
     """One HTTP request's ext_proc stream, driven like Envoy drives it."""
 
@@ -241,21 +249,23 @@ class EnvoyDouble:
 
     async def forward(
         self, path: str, body: Mapping[str, Any], http: httpx.AsyncClient, **kwargs: Any
-    ) -> tuple[Answer, int, bytes]:
+    ) -> Forwarded:
         """The whole request as the data plane runs it: ask, send where told, answer back."""
         modes = {k: kwargs.pop(k) for k in ("request_mode", "response_mode") if k in kwargs}
         async with self.stream(**modes) as s:
             answer = await s.send_request(path, body, **kwargs)
             if answer.status is not None:
-                return answer, answer.status, answer.body
+                return Forwarded(answer, answer.status, answer.body, answer.headers)
             headers = {k: v for k, v in answer.headers.items() if not k.startswith("x-gateway")}
             headers.setdefault("content-type", "application/json")
             url = f"http://{answer.endpoint}{path}"
             async with http.stream("POST", url, content=answer.body, headers=headers) as upstream:
                 chunks = [c async for c in upstream.aiter_raw()]
                 content_type = upstream.headers.get("content-type", "application/json")
-                await s.send_response(upstream.status_code, chunks, content_type, answer.endpoint)
-                return answer, upstream.status_code, b"".join(chunks)
+                added, _ = await s.send_response(
+                    upstream.status_code, chunks, content_type, answer.endpoint
+                )
+                return Forwarded(answer, upstream.status_code, b"".join(chunks), added)
 
     async def close(self) -> None:
         await self.channel.close()
