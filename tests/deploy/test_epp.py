@@ -37,7 +37,9 @@ def test_lint_is_clean() -> None:
     assert report.errors == [] and report.warnings == []
 
 
-@pytest.mark.parametrize("kube", sorted({DEFAULT_KUBE_VERSION, kubernetes_validate.latest_version()}))
+@pytest.mark.parametrize(
+    "kube", sorted({DEFAULT_KUBE_VERSION, kubernetes_validate.latest_version()})
+)
 def test_every_manifest_validates(kube: str) -> None:
     kinds = {m.kind for m in manifests()}
     assert {"InferencePool", "HTTPRoute", "Deployment", "Service", "Role"} <= kinds
@@ -80,9 +82,10 @@ def test_rbac_reads_pools_objectives_and_pods_in_its_namespace() -> None:
     assert {"pods", "inferencepools", "inferenceobjectives", "inferencemodels"} <= resources
     assert all(rule["verbs"] == ["get", "list", "watch"] for rule in role["rules"])
     binding = one("RoleBinding", "-epp")
-    assert binding["subjects"][0]["name"] == one("Deployment", "-epp")["spec"]["template"][
-        "spec"
-    ]["serviceAccountName"]
+    assert (
+        binding["subjects"][0]["name"]
+        == one("Deployment", "-epp")["spec"]["template"]["spec"]["serviceAccountName"]
+    )
 
 
 def test_the_gateway_reaches_the_engines_and_the_epp_only_on_their_ports() -> None:
@@ -95,7 +98,9 @@ def test_the_gateway_reaches_the_engines_and_the_epp_only_on_their_ports() -> No
 
 def test_a_tls_secret_replaces_the_self_signed_certificate() -> None:
     docs = manifests("tls: {existingSecret: epp-tls}")
-    (config_map,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-epp")]
+    (config_map,) = [
+        d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-epp")
+    ]
     tls = yaml.safe_load(config_map["data"]["config.yaml"])["epp"]["tls"]
     assert tls == {"cert_file": "/etc/kvstack/tls/tls.crt", "key_file": "/etc/kvstack/tls/tls.key"}
     assert validate_manifests(docs) == []

@@ -74,7 +74,9 @@ class FakeKube:
     async def put(self, obj: dict[str, Any], silent: bool = False, plural: str = "") -> None:
         """Create or replace a pod, or a custom object of ``plural`` (its apiVersion's)."""
         collection = self._collection(obj, plural)
-        kind = "MODIFIED" if obj["metadata"]["name"] in self.objects.get(collection, {}) else "ADDED"
+        kind = (
+            "MODIFIED" if obj["metadata"]["name"] in self.objects.get(collection, {}) else "ADDED"
+        )
         await self._change(kind, obj, silent, collection)
 
     async def delete(self, name: str, silent: bool = False, collection: str = "pods") -> None:

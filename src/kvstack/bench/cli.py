@@ -15,6 +15,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "compare": ("kvstack.bench.compare.runner", "fleet + front ends side by side, table and plots"),
     "vllm": ("kvstack.bench.micro.vllm", "TTFT with the kvstack connector on a real vLLM engine"),
     "router": ("kvstack.bench.micro.router", "router-added latency and throughput"),
+    "epp": ("kvstack.bench.micro.epp", "endpoint picker decisions/s and added decision latency"),
     "index": ("kvstack.bench.micro.index", "cluster KV index lookup speed with 1M chunks"),
     "shared": ("kvstack.bench.micro.shared_tiers", "Redis, S3 and peer tiers against loopback TCP"),
     "radix": ("kvstack.bench.micro.radix", "the router's radix prefix index: insert and match"),

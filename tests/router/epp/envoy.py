@@ -152,7 +152,9 @@ class ExtProcCall:
             chunks = [raw]
         for i, chunk in enumerate(chunks):
             eos = i == len(chunks) - 1
-            await self.call.write(self._message(request_body=pb.HttpBody(body=chunk, end_of_stream=eos)))
+            await self.call.write(
+                self._message(request_body=pb.HttpBody(body=chunk, end_of_stream=eos))
+            )
         return await self._request_answers(raw)
 
     async def _request_answers(self, raw: bytes) -> Answer:
@@ -184,7 +186,10 @@ class ExtProcCall:
         self.answer.clear_route_cache |= common.clear_route_cache
 
     async def send_response(
-        self, status: int, chunks: Sequence[bytes], content_type: str = "application/json",
+        self,
+        status: int,
+        chunks: Sequence[bytes],
+        content_type: str = "application/json",
         served: str | None = None,
     ) -> tuple[dict[str, str], bytes]:
         """The answer's headers and chunks through the EPP: (headers it added, body echoed)."""
@@ -204,7 +209,9 @@ class ExtProcCall:
             pieces = [b"".join(pieces)]
         for i, chunk in enumerate(pieces):
             eos = i == len(pieces) - 1
-            await self.call.write(self._message(response_body=pb.HttpBody(body=chunk, end_of_stream=eos)))
+            await self.call.write(
+                self._message(response_body=pb.HttpBody(body=chunk, end_of_stream=eos))
+            )
             response = await self._read()
             common = response.response_body.response
             if self.response_mode == FULL_DUPLEX:

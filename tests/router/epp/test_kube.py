@@ -4,6 +4,7 @@ documented examples (written here by hand)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -72,8 +73,12 @@ async def test_the_pool_objectives_and_models_drive_the_picks() -> None:
         await kube.put(inference_pool([a.port, b.port]), plural="inferencepools")
         await kube.put(pod("vllm-0", labels=LABELS))  # one pod, two ranks (target ports)
         await kube.put(pod("web-0", labels={"app": "web"}))  # not the pool's
-        for obj in (objective("food-review", 1), objective("batch", -10),
-                    objective("base-model", None), objective("elsewhere", 5, pool="other")):
+        for obj in (
+            objective("food-review", 1),
+            objective("batch", -10),
+            objective("base-model", None),
+            objective("elsewhere", 5, pool="other"),
+        ):
             await kube.put(obj, plural="inferenceobjectives")  # fmt: skip
         model = inference_model("food-review", "Sheddable", [("food-review-1", 100)])
         await kube.put(model, plural="inferencemodels")
@@ -114,9 +119,15 @@ def test_priority_bands() -> None:
 
 def test_unknown_api_versions_are_refused_by_name() -> None:
     with pytest.raises(ValidationError, match="unknown InferencePool API version"):
-        EppConfig.model_validate({"pool": {"name": "p", "api_version": "inference.networking.k8s.io/v2"}})
-    with pytest.raises(ValidationError, match="kvstack reads inference.networking.x-k8s.io/v1alpha2"):
-        EppConfig.model_validate({"pool": {"objective_api_version": "inference.networking.x-k8s.io/v1"}})
+        EppConfig.model_validate(
+            {"pool": {"name": "p", "api_version": "inference.networking.k8s.io/v2"}}
+        )
+    with pytest.raises(
+        ValidationError, match=re.escape("kvstack reads inference.networking.x-k8s.io/v1alpha2")
+    ):
+        EppConfig.model_validate(
+            {"pool": {"objective_api_version": "inference.networking.x-k8s.io/v1"}}
+        )
 
 
 async def test_a_version_the_cluster_does_not_serve_fails_the_start_clearly() -> None:

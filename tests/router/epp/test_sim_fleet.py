@@ -9,7 +9,6 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import httpx

@@ -38,7 +38,10 @@ def engine(toy_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 async def test_a_real_engine_answers_where_the_epp_sent_it(engine: VLLMServer) -> None:
     # vLLM serves the model as "toy" and "toy-v2" (it answers with its first name).
     route = {"name": "toy-canary", "targets": [{"model": "toy-v2"}]}
-    async with serve_epp([engine.url], models=[route]) as epp, httpx.AsyncClient(timeout=60) as http:
+    async with (
+        serve_epp([engine.url], models=[route]) as epp,
+        httpx.AsyncClient(timeout=60) as http,
+    ):
         state = epp.server.router.pool.states()[0]
         await until(lambda: "toy-v2" in state.models, 30)
         endpoint = engine.url.removeprefix("http://")

@@ -40,9 +40,7 @@ BodyMode = Literal["full_duplex_streamed", "buffered"]
 
 def _known(value: str, known: tuple[str, ...], kind: str) -> str:
     if value not in known:
-        raise ValueError(
-            f"unknown {kind} API version {value!r}; kvstack reads {', '.join(known)}"
-        )
+        raise ValueError(f"unknown {kind} API version {value!r}; kvstack reads {', '.join(known)}")
     return value
 
 

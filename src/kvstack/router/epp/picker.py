@@ -36,7 +36,10 @@ from kvstack.router.scheduling.pipeline import eligible_backends
 
 __all__ = ["EndpointPicker", "Placement"]
 
-_ENDPOINTS: Mapping[str, Endpoint] = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+_ENDPOINTS: Mapping[str, Endpoint] = {
+    "/v1/completions": "completions",
+    "/v1/chat/completions": "chat",
+}
 # Headers the router itself sets or drops on the way to a backend (Proxy.upstream_headers).
 _MANAGED = ("authorization", "x-request-id", TENANT_HEADER)
 
@@ -144,7 +147,9 @@ class EndpointPicker:
         """The objective's priority, unless the request names its own (x-kvstack-priority)."""
         if request.priority is not None:
             return request
-        priority = self.objectives.priority(headers.get(self.config.objective_header), request.model)
+        priority = self.objectives.priority(
+            headers.get(self.config.objective_header), request.model
+        )
         return request if priority is None else dataclasses.replace(request, priority=priority)
 
     @staticmethod

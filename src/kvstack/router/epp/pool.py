@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,14 +45,15 @@ def pool_target(obj: Mapping[str, Any]) -> PoolTarget:
     spec = obj.get("spec") or {}
     name = obj.get("metadata", {}).get("name", "?")
     if obj.get("apiVersion") == "inference.networking.x-k8s.io/v1alpha2":
-        labels, ports = spec.get("selector") or {}, [spec.get("targetPortNumber")]
+        labels, given = spec.get("selector") or {}, [spec.get("targetPortNumber")]
     else:
         labels = (spec.get("selector") or {}).get("matchLabels") or {}
-        ports = [p.get("number") for p in spec.get("targetPorts") or []]
-    if not labels or not all(isinstance(p, int) and 0 < p < 65536 for p in ports) or not ports:
+        given = [p.get("number") for p in spec.get("targetPorts") or []]
+    ports = {p for p in given if isinstance(p, int) and 0 < p < 65536}
+    if not labels or not ports or len(ports) != len(set(given)):
         raise ConfigError(f"InferencePool {name} needs a label selector and target ports")
     selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-    return PoolTarget(selector, tuple(sorted(set(ports))))
+    return PoolTarget(selector, tuple(sorted(ports)))
 
 
 class InferencePoolDiscovery(Discovery):
@@ -111,7 +113,7 @@ class InferencePoolDiscovery(Discovery):
             for port in target.ports:
                 pods = KubernetesDiscovery(self._pod_config(target.selector, port))
                 self._pods[port] = pods
-                await pods.start(lambda backends, port=port: self._on_pods(port, backends))
+                await pods.start(functools.partial(self._on_pods, port))
 
     def _pod_config(self, selector: str, port: int) -> KubernetesConfig:
         cfg = self.config

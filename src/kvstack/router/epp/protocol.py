@@ -183,7 +183,7 @@ def immediate(
 ) -> ext_proc.ProcessingResponse:
     """Answer the client now, without an upstream (a refusal)."""
     answer = ext_proc.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=status),  # type: ignore[arg-type]
+        status=http_status_pb2.HttpStatus(code=status),
         headers=header_mutation({"content-type": "application/json", **(headers or {})}),
         body=body,
         details=details,

@@ -53,13 +53,13 @@ def epp_token(keys: ClusterKeys) -> str:
     return keys.mac("epp", b"ext_proc", size=32).hex()
 
 
-class ExtProcService(ext_proc_grpc.ExternalProcessorServicer):
+class ExtProcService(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, picker: EndpointPicker, config: EppConfig, keys: ClusterKeys | None):
         self.picker = picker
         self.config = config
         self._keys = keys
 
-    async def Process(  # noqa: N802 (the generated servicer's name)
+    async def Process(
         self, request_iterator: AsyncIterator[ext_proc.ProcessingRequest], context: Any
     ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         if self._keys is not None and not self._authorized(context):

@@ -50,7 +50,9 @@ DECISION = histogram(
     "kvstack_epp_decision_seconds",
     "From the request's last ext_proc message to the EPP's answer (the pick)",
 )
-ANSWERS = counter("kvstack_epp_answers_total", "Requests answered by the EPP, by result", ["result"])
+ANSWERS = counter(
+    "kvstack_epp_answers_total", "Requests answered by the EPP, by result", ["result"]
+)
 
 
 class ExtProcStream:
