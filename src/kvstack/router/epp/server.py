@@ -129,10 +129,16 @@ class EppServer:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, probes)
             self.health_port = probes.add_insecure_port(f"{_host(cfg.host)}:{cfg.health_port}")
         await self.router.start()
-        for watch in self.watches:
-            await watch.start()
-        for server in self._servers:
-            await server.start()
+        try:
+            for watch in self.watches:
+                await watch.start()
+            for server in self._servers:
+                await server.start()
+        except BaseException:  # a watch refused (an API version not served): undo the start
+            for watch in self.watches:
+                await watch.close()
+            await self.router.close()
+            raise
         if cfg.metrics_port:
             from prometheus_client import start_http_server
 
