@@ -156,6 +156,7 @@ def measure(args: argparse.Namespace, arms: dict[str, Any]) -> dict[str, Any]:
     work = bodies(args.groups, args.prefix_words)
     names = list(arms)
     latency: dict[str, dict[float, list[dict[str, float]]]] = {n: defaultdict(list) for n in names}
+    kinds: dict[str, Counter[str]] = {n: Counter() for n in names}
     for rate in [float(r) for r in args.rates.split(",")]:
         for round_ in range(args.rounds):
             for name in names[round_ % 2 :] + names[: round_ % 2]:
@@ -173,6 +174,7 @@ def measure(args: argparse.Namespace, arms: dict[str, Any]) -> dict[str, Any]:
                     "cpu_ms_per_request": 1000 * cpu / max(1, result.done),
                     "affinity": _affinity(result),
                 })  # fmt: skip
+                kinds[name].update(result.error_kinds)
     throughput: dict[str, list[dict[str, float]]] = {n: [] for n in names}
     for round_ in range(args.rounds):
         for name in names[round_ % 2 :] + names[: round_ % 2]:
@@ -185,6 +187,7 @@ def measure(args: argparse.Namespace, arms: dict[str, Any]) -> dict[str, Any]:
     return {
         "latency": {n: {str(r): _summary(v) for r, v in by.items()} for n, by in latency.items()},
         "throughput": {n: _summary(v) for n, v in throughput.items()},
+        "error_kinds": {n: dict(c) for n, c in kinds.items()},
     }
 
 
@@ -210,6 +213,9 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> bool:
     for name, s in figures["throughput"].items():
         print(f"  {name:8} {_fmt(s['decisions_per_s'])} decisions/s, "
               f"decision p50 {_fmt(s['decision_p50_ms'])} ms")  # fmt: skip
+    for name, kinds in figures["error_kinds"].items():
+        if kinds:
+            print(f"  {name} errors (open loop, all rounds): {kinds}")
     kv = figures["throughput"]["kvstack"]["decisions_per_s"]["median"]
     null = figures["throughput"]["null"]["decisions_per_s"]["median"]
     print(f"  kvstack / null: {kv / null:.2f}")

@@ -19,6 +19,7 @@ import asyncio
 import json
 import random
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +41,12 @@ class ExtProcLoad:
     decision_s: list[float] = field(default_factory=list)
     response_s: list[float] = field(default_factory=list)
     endpoints: list[tuple[int, str]] = field(default_factory=list)  # (group, endpoint)
-    errors: int = 0
+    error_kinds: Counter[str] = field(default_factory=Counter)  # "503", "grpc:UNAVAILABLE", ...
     elapsed_s: float = 0.0
+
+    @property
+    def errors(self) -> int:
+        return sum(self.error_kinds.values())
 
     @property
     def done(self) -> int:
@@ -80,8 +85,11 @@ async def one_request(stub: Any, body: bytes, group: int, result: ExtProcLoad) -
         sent = time.perf_counter()
         answer = await call.read()
         picked = time.perf_counter()
-        if answer is grpc.aio.EOF or answer.HasField("immediate_response"):
-            result.errors += 1
+        if answer is grpc.aio.EOF:
+            result.error_kinds["eof"] += 1
+            return
+        if answer.HasField("immediate_response"):
+            result.error_kinds[str(answer.immediate_response.status.code)] += 1
             return
         await call.read()  # the body, streamed back
         started = time.perf_counter()
@@ -95,8 +103,8 @@ async def one_request(stub: Any, body: bytes, group: int, result: ExtProcLoad) -
             if option.header.key == "x-gateway-destination-endpoint":
                 result.endpoints.append((group, option.header.raw_value.decode()))
         await call.done_writing()
-    except grpc.aio.AioRpcError:
-        result.errors += 1
+    except grpc.aio.AioRpcError as exc:
+        result.error_kinds[f"grpc:{exc.code().name}"] += 1
     finally:
         call.cancel()
 
