@@ -19,6 +19,7 @@ import yaml
 from kvstack.index.urls import zmq_url
 from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.config import StackConfig, StackEngineSpec
+from kvstack.stack.secrets import REDIS_PASSWORD_ENV, REDIS_USER, StackSecrets, redis_conf
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
 __all__ = ["Component", "plan_stack", "port_is_free"]
@@ -92,18 +93,28 @@ def resolve_model(model: str) -> str:
     return str(build_toy_model(spec=SMALL if model == "toy-small" else TINY))
 
 
-def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
+def plan_stack(
+    config: StackConfig, run_dir: Path, secrets: StackSecrets | None = None
+) -> list[Component]:
+    """The components, in start order; with ``secrets`` each one gets the cluster secret and
+    redis-server its password (from a 0600 config file, never the command line)."""
     ports = _Ports(config.host)
     out: list[Component] = []
     redis_url = ""
     if config.redis is not None:
         port = ports.take(config.redis.port)
-        argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
-        argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+        if secrets is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            argv = [config.redis.binary, str(redis_conf(run_dir, config.host, port,
+                                                        secrets.redis_password))]  # fmt: skip
+            redis_url = f"redis://{REDIS_USER}@{config.host}:{port}/0?password_env={REDIS_PASSWORD_ENV}"
+        else:
+            argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
+            argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+            redis_url = f"redis://{config.host}:{port}/0"
         out.append(Component("redis", "redis", argv, config.host, port, "redis",
                              env=large_value_env(),
                              start_timeout_s=config.redis.start_timeout_s))  # fmt: skip
-        redis_url = f"redis://{config.host}:{port}/0"
     if config.index is not None:
         port, zmq_port = ports.take(config.index.port), ports.take(config.index.zmq_port)
         argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host,
@@ -123,6 +134,11 @@ def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
             out.append(_engine(spec, name, model, ports.take(wanted), events, ctx))
     if config.router is not None:
         out.append(_router(config, out, ports.take(config.router.port), run_dir))
+    if secrets is not None:
+        for c in out:
+            c.env.update(secrets.component_env())
+            if c.kind == "engine" and redis_url:
+                c.env[REDIS_PASSWORD_ENV] = secrets.redis_password
     return out
 
 
