@@ -29,8 +29,8 @@ import ipaddress
 import logging
 import os
 import stat
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 

@@ -83,7 +83,9 @@ def test_rotation_reads_the_previous_secret_and_signs_with_the_new() -> None:
 
 
 @settings(max_examples=40, deadline=None)
-@given(position=st.floats(0, 1), bit=st.integers(0, 7), compression=st.sampled_from(["none", "lz4"]))
+@given(
+    position=st.floats(0, 1), bit=st.integers(0, 7), compression=st.sampled_from(["none", "lz4"])
+)
 def test_any_bit_flip_of_a_sealed_file_is_refused(
     tmp_path_factory: pytest.TempPathFactory, position: float, bit: int, compression: str
 ) -> None:
@@ -112,8 +114,10 @@ def test_the_padding_before_the_tag_is_covered_by_the_mac(tmp_path: Path) -> Non
 
 
 def _header(shape: tuple[int, ...], stored: int, raw: int, compression: str = "none") -> bytes:
-    fixed = struct.pack("<4sBBBBQQQ16s8I", b"KVSC", 2, 1, {"none": 0, "lz4": 2}[compression],
-                        len(shape), stored, raw, 0, KEY, *shape, *[0] * (8 - len(shape)))  # fmt: skip
+    comp = {"none": 0, "lz4": 2}[compression]
+    dims = [*shape, *[0] * (8 - len(shape))]
+    fixed = struct.pack("<4sBBBBQQQ16s8I", b"KVSC", 2, 1, comp, len(shape), stored, raw, 0, KEY,
+                        *dims)  # fmt: skip
     summed = fixed + bytes(24)
     return summed + struct.pack("<I", xxhash.xxh32_intdigest(summed)) + bytes(20)
 

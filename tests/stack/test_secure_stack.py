@@ -53,7 +53,11 @@ def test_the_plan_keeps_the_redis_password_off_every_command_line(tmp_path: Path
     assert all(p.env[REDIS_PASSWORD_ENV] == password for p in engines)
     argv = engines[0].argv
     tiers = [argv[i + 1] for i, a in enumerate(argv) if a == "--kv-tiers"][1]
-    assert tiers.startswith("redis://kvstack@") and tiers.endswith(f"/0?password_env={REDIS_PASSWORD_ENV}") and password not in tiers
+    assert (
+        tiers.startswith("redis://kvstack@")
+        and tiers.endswith(f"/0?password_env={REDIS_PASSWORD_ENV}")
+        and password not in tiers
+    )
     again = prepare_secrets(tmp_path / "run", SecurityConfig())  # the next `kvstack up`
     assert again.cluster_secret_file == secrets.cluster_secret_file
     assert again.redis_password != password
@@ -96,7 +100,7 @@ def test_up_shares_sealed_chunks_through_a_password_protected_redis(tmp_path: Pa
 
 
 def _password(conf: Path) -> str:
-    line = next(l for l in conf.read_text().splitlines() if l.startswith("user kvstack"))
+    line = next(t for t in conf.read_text().splitlines() if t.startswith("user kvstack"))
     return next(part[1:] for part in line.split() if part.startswith(">"))
 
 

@@ -5,7 +5,8 @@
 Builds a :class:`~kvstack.kv.KVCache` from the ``kv`` config section (``--tier`` replaces its
 tier list) and serves its local tiers — typically the disk tier engines on this host write to.
 Settings come from ``index.peer`` (YAML via ``KVSTACK_CONFIG``, ``KVSTACK_INDEX_PEER__*``);
-flags override them; the cluster secret from ``security`` (without one: loopback only). Engines usually embed the server instead (``PeerServer.for_cache``).
+flags override them; the cluster secret from ``security`` (without one: loopback only).
+Engines usually embed the server instead (``PeerServer.for_cache``).
 """
 
 from __future__ import annotations

@@ -111,7 +111,9 @@ async def admit(conn: socket.socket, keys: ClusterKeys | None, timeout_s: float)
     if magic != p.AUTH_MAGIC or not p.check_proof(keys, b"client", proof, nonce, client_nonce):
         refused("auth")
         reason = b"authentication failed: this peer server requires the cluster secret"
-        await send(conn, p.WELCOME.pack(p.WELCOME_MAGIC, p.REFUSED, len(reason), bytes(16)), timeout_s)
+        await send(
+            conn, p.WELCOME.pack(p.WELCOME_MAGIC, p.REFUSED, len(reason), bytes(16)), timeout_s
+        )
         await send(conn, reason, timeout_s)
         return False
     mine = p.prove(keys, b"server", nonce, client_nonce)

@@ -289,11 +289,12 @@ class PeerServer:
                     self._headers.popitem(last=False)
         return header
 
-    def _seal(self, key: ChunkKey, dtype: str, shape: tuple[int, ...], payload: memoryview) -> bytes:
+    def _seal(
+        self, key: ChunkKey, dtype: str, shape: tuple[int, ...], payload: memoryview
+    ) -> bytes:
         if self._sealer is None:
             return encode_header(key, dtype, shape, payload, len(payload))
         fields, mac = self._sealer.begin_seal(key)
         header = encode_header(key, dtype, shape, payload, len(payload), seal=fields)
         mac.update(payload)
         return with_tag(header, mac.tag(header[:SIGNED_BYTES]))
-

@@ -121,9 +121,7 @@ def _is_zmq(url: str) -> bool:
 class IndexClient:
     """Blocking; safe to share between threads."""
 
-    def __init__(
-        self, url: str, timeout_s: float = 2.0, keys: ClusterKeys | None = None
-    ) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, keys: ClusterKeys | None = None) -> None:
         self.url = url.rstrip("/")
         self.keys = keys
         self._transport: _Transport
@@ -152,9 +150,7 @@ class IndexClient:
 class AsyncIndexClient:
     """For one event loop; concurrent lookups are fine."""
 
-    def __init__(
-        self, url: str, timeout_s: float = 0.5, keys: ClusterKeys | None = None
-    ) -> None:
+    def __init__(self, url: str, timeout_s: float = 0.5, keys: ClusterKeys | None = None) -> None:
         self.url = url.rstrip("/")
         self._transport: _AsyncTransport
         if _is_zmq(self.url):

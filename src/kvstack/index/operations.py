@@ -38,6 +38,7 @@ class Refusal(Exception):
 def refused(reason: str) -> None:
     _REFUSALS.labels(reason).inc()
 
+
 # What a request may raise that makes it invalid (answered 400 with the message), not the server.
 REFUSED = (msgspec.DecodeError, msgspec.ValidationError, ConfigError, ValueError)
 

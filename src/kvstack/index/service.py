@@ -252,7 +252,10 @@ def build_app(
     operations = service.operations.items()
     limit = service.config.max_body_bytes
     routes = [
-        *(Route(f"/{name}", _handler(name, op, limit), methods=["POST"]) for name, op in operations),
+        *(
+            Route(f"/{name}", _handler(name, op, limit), methods=["POST"])
+            for name, op in operations
+        ),
         Route("/instances", instances),
         Route("/health", health),
         Route("/metrics", metrics),
@@ -265,12 +268,12 @@ def build_app(
 
 
 def _start_zmq(service: IndexService) -> ZmqServer | None:
-    if service.config.zmq_port is None:
+    config = service.config
+    if config.zmq_port is None:
         return None
     # Imported here: HTTP alone needs no pyzmq.
     from kvstack.index.zmq_server import ZmqServer
 
-    config = service.config
     return ZmqServer(
         service.operations, config.host, config.zmq_port, service.keys, config.max_body_bytes
     ).start()

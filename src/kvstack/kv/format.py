@@ -171,7 +171,9 @@ def parse_header(
     (header_sum,) = _HEADER_SUM.unpack_from(signed, _SUMMED)
     if xxhash.xxh32_intdigest(signed[:_SUMMED]) != header_sum:
         raise ChunkFormatError("chunk header checksum mismatch")
-    magic, version, dtype, comp, ndim, stored, raw, checksum, key, *dims = _FIXED.unpack_from(signed)
+    magic, version, dtype, comp, ndim, stored, raw, checksum, key, *dims = _FIXED.unpack_from(
+        signed
+    )
     if magic != MAGIC or version != VERSION:
         raise ChunkFormatError(f"not a kvstack chunk (magic {magic!r}, version {version})")
     if dtype not in _DTYPE_NAMES or comp not in _COMPRESSION_NAMES or ndim > MAX_NDIM:

@@ -36,7 +36,6 @@ class TierLink:
     def from_config(cls, config: SimConfig) -> TierLink:
         from kvstack.kv.cache import KVCache
         from kvstack.kv.config import KVConfig
-
         from kvstack.security import load_security
 
         kv = KVConfig(model=config.model, chunk_size=config.kv_chunk_size, tiers=config.kv_tiers)

@@ -107,7 +107,9 @@ def plan_stack(
             run_dir.mkdir(parents=True, exist_ok=True)
             argv = [config.redis.binary, str(redis_conf(run_dir, config.host, port,
                                                         secrets.redis_password))]  # fmt: skip
-            redis_url = f"redis://{REDIS_USER}@{config.host}:{port}/0?password_env={REDIS_PASSWORD_ENV}"
+            redis_url = (
+                f"redis://{REDIS_USER}@{config.host}:{port}/0?password_env={REDIS_PASSWORD_ENV}"
+            )
         else:
             argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
             argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from kvstack.errors import StackError
 from kvstack.procs import pid_alive
+from kvstack.security import SecurityConfig
 from kvstack.stack.components import Component, plan_stack, port_is_free
 from kvstack.stack.config import StackConfig
 from kvstack.stack.health import healthy
 from kvstack.stack.procs import ManagedProcess, log_tail
 from kvstack.stack.secrets import prepare_secrets
-from kvstack.security import SecurityConfig
 
 __all__ = ["Stack", "stop_run_dir"]
 

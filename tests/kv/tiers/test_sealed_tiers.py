@@ -1,8 +1,8 @@
-"""Chunk MACs through real tiers (a directory, a real redis-server, moto's S3 server): a chunk written
-with another secret, altered with a recomputed XXH3, or written without a MAC is a miss for a
-cache that has the secret — it never reaches the caller's buffer as a hit — and is counted under
-``kvstack_kv_chunks_rejected_total{reason="mac"}``; during a rotation the previous secret still
-verifies. Without a secret the same altered chunk loads, which is what the MAC is for."""
+"""Chunk MACs through real tiers (a directory, a real redis-server, moto's S3 server): a chunk
+written with another secret, altered with a recomputed XXH3, or written without a MAC is a miss
+for a cache that has the secret (it never reaches the caller's buffer as a hit) and is counted
+under ``kvstack_kv_chunks_rejected_total{reason="mac"}``; during a rotation the previous secret
+still verifies. Without a secret the same altered chunk loads, which is what the MAC is for."""
 
 from __future__ import annotations
 

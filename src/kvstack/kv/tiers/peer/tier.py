@@ -88,7 +88,9 @@ class PeerTier(Tier):
         self._verify = ThreadPoolExecutor(2, f"kvstack-{name}-verify", enter_background)
 
     @classmethod
-    def from_url(cls, url: TierURL, name: str = "peer", trust: ChunkTrust | None = None) -> PeerTier:
+    def from_url(
+        cls, url: TierURL, name: str = "peer", trust: ChunkTrust | None = None
+    ) -> PeerTier:
         tier = cls(
             index_url=url.pop("index") or "",
             peers=[p for p in url.netloc.split(",") if p],
