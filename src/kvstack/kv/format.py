@@ -41,15 +41,18 @@ import xxhash
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import KEY_BYTES
-from kvstack.kv.seal import KEY_ID_BYTES, NONCE_BYTES, TAG_BYTES, SealFields
 
 __all__ = [
     "COMPRESSIONS",
     "DTYPES",
     "HEADER_BYTES",
+    "KEY_ID_BYTES",
     "MAX_CHUNK_BYTES",
+    "NONCE_BYTES",
     "SIGNED_BYTES",
+    "TAG_BYTES",
     "ChunkHeader",
+    "SealFields",
     "compress",
     "decompress",
     "encode_header",
@@ -57,6 +60,19 @@ __all__ = [
     "payload_checksum",
     "with_tag",
 ]
+
+NONCE_BYTES = 16
+TAG_BYTES = 16
+KEY_ID_BYTES = 4
+
+
+class SealFields(NamedTuple):
+    """What a sealed header records besides the tag: which key signed, with which nonce
+    (:mod:`kvstack.kv.seal` computes and checks the tag)."""
+
+    key_id: bytes
+    nonce: bytes
+
 
 MAGIC = b"KVSC"
 VERSION = 2

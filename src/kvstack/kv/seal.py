@@ -39,27 +39,17 @@ import functools
 import hashlib
 import hmac
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ChunkMACError, require
+from kvstack.kv.format import KEY_ID_BYTES, NONCE_BYTES, TAG_BYTES, ChunkHeader, SealFields
 
 if TYPE_CHECKING:
-    from kvstack.kv.format import ChunkHeader
     from kvstack.security import ClusterKeys
 
 __all__ = ["KEY_ID_BYTES", "NONCE_BYTES", "TAG_BYTES", "ChunkSealer", "MacState", "SealFields"]
 
-NONCE_BYTES = 16
-TAG_BYTES = 16
-KEY_ID_BYTES = 4
 PURPOSE = "chunk-mac"
-
-
-class SealFields(NamedTuple):
-    """What a sealed header records besides the tag: which key signed, with which nonce."""
-
-    key_id: bytes
-    nonce: bytes
 
 
 class MacState:
