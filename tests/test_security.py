@@ -117,3 +117,19 @@ def test_the_init_secret_verb_creates_a_0600_secret_and_never_prints_it(tmp_path
     again = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
     assert again.returncode == 1 and "not overwritten" in again.stderr
     assert path.read_text().strip() == secret
+
+
+def test_the_index_token_verb_prints_the_scrapers_credential(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from kvstack.index.auth import bearer_header, check_bearer
+
+    path = write_secret_file(tmp_path / "cluster-secret")
+    argv = [sys.executable, "-m", "kvstack", "security", "index-token", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    token = done.stdout.strip()
+    keys = load_keys(SecurityConfig(cluster_secret_file=str(path)))
+    assert keys is not None and check_bearer(keys, f"Bearer {token}")
+    assert bearer_header(keys) == f"Bearer {token}"
+    assert path.read_text().strip() not in done.stdout

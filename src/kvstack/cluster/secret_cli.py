@@ -2,6 +2,8 @@
 
     kvstack security init-secret PATH [--bytes 32]   a new random secret, mode 0600 from creation
     kvstack security fingerprint PATH                its non-secret fingerprint (safe to log)
+    kvstack security index-token PATH                the index's bearer token, for a scraper of
+                                                     its /metrics (a credential: store it as one)
 
 The secret itself is never printed. Point ``security.cluster_secret_file`` (or
 ``KVSTACK_SECURITY_CLUSTER_SECRET_FILE``) of every component at the file; to rotate, see
@@ -29,6 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     show = verbs.add_parser("fingerprint", help="print a secret's non-secret fingerprint")
     show.add_argument("path", help="a cluster secret file")
+    token = verbs.add_parser("index-token", help="print the index's bearer token (a credential)")
+    token.add_argument("path", help="a cluster secret file")
     return p
 
 
@@ -49,5 +53,10 @@ def run(command: str, argv: list[str]) -> int:
         print(f"kvstack {command}: {exc}", file=sys.stderr)
         return 1
     assert keys is not None
+    if args.verb == "index-token":
+        from kvstack.index.auth import bearer_header
+
+        print(bearer_header(keys).removeprefix("Bearer "))
+        return 0
     print(f"{path}  fingerprint {keys.fingerprint}")
     return 0
