@@ -55,6 +55,7 @@ __all__ = ["IndexService", "build_app"]
 log = logging.getLogger(__name__)
 M = TypeVar("M")
 MSGPACK = "application/msgpack"
+ROUTES = frozenset({"events", "lookup", "locate", "instances", "health", "metrics"})
 
 _LOOKUP_S = histogram("kvstack_index_lookup_seconds", "Time to answer one lookup")
 _EVENT_KEYS = counter("kvstack_index_event_keys_total", "Chunk keys reported", ["kind"])
@@ -133,7 +134,8 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         refused("auth")
-        count_request(scope["path"].strip("/") or "/", "401")
+        route = scope["path"].strip("/")  # a label: known routes only, never a caller's path
+        count_request(route if route in ROUTES else "other", "401")
         message = "this index requires the cluster's bearer token (security.cluster_secret_file)"
         response = JSONResponse({"error": message}, status_code=401,
                                 headers={"www-authenticate": "Bearer"})  # fmt: skip

@@ -161,7 +161,7 @@ def _engine(
     if spec.kind == "sim":
         argv = _sim_argv(spec, served or model, ctx.host, port, tiers)
         if events is not None:
-            argv += ["--kv-events-endpoint", f"tcp://*:{events}"]
+            argv += ["--kv-events-endpoint", _bind_endpoint(ctx.host, events)]
         env, tokenizer = dict(spec.env), "sim"
     else:
         extra = _connector_extra(spec, url, ctx.index_url)
@@ -175,6 +175,12 @@ def _engine(
                      model=served or model, tokenizer=tokenizer,
                      events=None if events is None else f"tcp://{ctx.host}:{events}",
                      lora=_lora_engine(spec, name, served or model, model, ctx))  # fmt: skip
+
+
+def _bind_endpoint(host: str, port: int) -> str:
+    """Where an engine publishes KV events: the stack's address, not every interface (the
+    events carry no credential)."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def _lora_engine(
@@ -237,7 +243,7 @@ def _vllm_argv(
         max_model_len=spec.max_model_len,
         kv_cache_space_gib=spec.kv_cache_space_gib,
         kv_transfer_config=connector,
-        kv_events_endpoint=None if events is None else f"tcp://*:{events}",
+        kv_events_endpoint=None if events is None else _bind_endpoint(host, events),
         enable_lora=spec.lora is not None,
         max_loras=spec.lora.max_loras if spec.lora else 1,
         max_cpu_loras=spec.lora.max_cpu_loras if spec.lora else None,
