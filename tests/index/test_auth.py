@@ -159,3 +159,25 @@ def test_without_a_secret_the_index_listens_on_loopback_only(
         IndexServerThread(public, security=SecurityConfig(insecure_no_auth=True))
     assert "WITHOUT authentication" in caplog.text
     IndexServerThread(public, KEYS)  # with the secret: any address
+
+
+def test_an_oversized_zmq_message_is_dropped_and_the_server_keeps_serving(
+    index: IndexServerThread,
+) -> None:
+    """libzmq refuses a message over max_body_bytes before allocating it (ZMQ_MAXMSGSIZE) and
+    drops that connection; other clients are answered as before."""
+    assert index.zmq_url is not None
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 1000)
+    sock.connect(index.zmq_url.replace("zmq://", "tcp://"))
+    body = b"\x00" * (2 << 20)
+    try:
+        sock.send_multipart([b"1", b"lookup", body, sign_frames(KEYS, b"1", b"lookup", body)])
+        with pytest.raises(zmq.Again):
+            sock.recv_multipart()  # no answer: the message never reached the index
+    finally:
+        sock.close()
+    client = IndexClient(index.zmq_url, keys=KEYS)
+    assert client.lookup(lookup_request("toy", list(range(16)))).num_tokens == 16
+    client.close()
