@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ConfigError
 from kvstack.kv.admission import AdmissionThreshold
-from kvstack.kv.chain import TierChain, leading
+from kvstack.kv.chain import TierChain, leading, tiers_from_config, write_tier_positions
 from kvstack.kv.config import KVConfig
 from kvstack.kv.format import ITEM_BYTES
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys, chunk_spans
@@ -50,7 +50,7 @@ from kvstack.kv.layout import KVLayout
 from kvstack.kv.seal import ChunkSealer
 from kvstack.kv.stats import CacheCounters, CacheStats
 from kvstack.kv.tensors import torch
-from kvstack.kv.tiers import Tier, TierEvent, make_tier, parse_tier_url
+from kvstack.kv.tiers import Tier, TierEvent
 from kvstack.kv.trust import ChunkTrust
 from kvstack.section import load_section, log_config_once
 
@@ -83,15 +83,17 @@ class KVCache:
         self._bound_reads()
         if tiers is not None and not tiers:
             raise ConfigError("a KVCache needs at least one tier")
-        write_tiers = _write_tiers(config, [t.name for t in tiers]) if tiers is not None else None
+        write_tiers = (
+            write_tier_positions(config, [t.name for t in tiers]) if tiers is not None else None
+        )
         if tiers is not None and keys is not None:
             for tier in tiers:
                 tier.trust = self.trust
         self.tiers: list[Tier] = (
-            list(tiers) if tiers is not None else _tiers_from_urls(config, self.trust)
+            list(tiers) if tiers is not None else tiers_from_config(config, self.trust)
         )
         if write_tiers is None:
-            write_tiers = _write_tiers(config, [t.name for t in self.tiers])
+            write_tiers = write_tier_positions(config, [t.name for t in self.tiers])
         self._chain = TierChain(
             self.tiers, [self.tiers[i] for i in write_tiers], config.promote_on_hit
         )
@@ -308,39 +310,6 @@ class KVCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _tiers_from_urls(config: KVConfig, trust: ChunkTrust) -> list[Tier]:
-    names = _tier_names(config.tiers)
-    _write_tiers(config, names)  # a bad selection fails before any tier starts
-    tiers: list[Tier] = []
-    try:
-        for url, name in zip(config.tiers, names, strict=True):
-            tiers.append(make_tier(url, name=name, trust=trust))
-    except BaseException:
-        for tier in tiers:
-            tier.close()
-        raise
-    return tiers
-
-
-def _tier_names(urls: Sequence[str]) -> list[str]:
-    """The scheme, plus the position when a scheme repeats: cpu, file, cpu2."""
-    names: list[str] = []
-    for position, url in enumerate(urls):
-        scheme = parse_tier_url(url).scheme
-        names.append(scheme if scheme not in names else f"{scheme}{position}")
-    return names
-
-
-def _write_tiers(config: KVConfig, names: list[str]) -> list[int]:
-    """Positions of the tiers that receive stores."""
-    if config.write_tiers is not None:
-        unknown = [n for n in config.write_tiers if n not in names]
-        if unknown:
-            raise ConfigError(f"kv.write_tiers names unknown tiers {unknown}; tiers: {names}")
-        return [names.index(n) for n in config.write_tiers]
-    return list(range(len(names))) if config.write_policy == "write-through" else [0]
 
 
 def _first(chunks: list[torch.Tensor]) -> torch.Tensor | None:
