@@ -1,6 +1,6 @@
 """``kvstack index-server``: the cluster KV index service.
 
-    kvstack index-server [--host 0.0.0.0] [--port 8300] [--zmq-port 8301] [--instance-ttl-s 30]
+    kvstack index-server [--host 127.0.0.1] [--port 8300] [--zmq-port 8301] [--instance-ttl-s 30]
 
 Flags override the ``index.service`` section of the YAML file named by ``KVSTACK_CONFIG`` and
 ``KVSTACK_INDEX_SERVICE__*`` environment variables. The cluster secret comes from the

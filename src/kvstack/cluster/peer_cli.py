@@ -1,6 +1,6 @@
 """``kvstack peer-server``: lend this host's KV tiers to peers without an engine in-process.
 
-    kvstack peer-server [--host 0.0.0.0] [--port 8400] [--tier file:///var/kv?size=100GiB]...
+    kvstack peer-server [--host 127.0.0.1] [--port 8400] [--tier file:///var/kv?size=100GiB]...
 
 Builds a :class:`~kvstack.kv.KVCache` from the ``kv`` config section (``--tier`` replaces its
 tier list) and serves its local tiers — typically the disk tier engines on this host write to.

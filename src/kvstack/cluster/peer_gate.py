@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from kvstack.security import ClusterKeys
 
-__all__ = ["ConnectionLimits", "admit", "recv_exact", "refused", "send"]
+__all__ = ["ConnectionLimits", "admit", "recv_exact", "refused", "send", "turn_away"]
 
 _REFUSED = counter(
     "kvstack_peer_refused_total",
