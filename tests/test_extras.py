@@ -75,8 +75,11 @@ def _extras() -> dict[str, list[str]]:
 
 
 def blocked_except(*extras: str) -> set[str]:
-    """Every optional top-level package except those the named extras install."""
+    """Every optional top-level package except those the named extras install (a package in
+    several extras, such as cryptography in kv and lora, is allowed by each of them)."""
     allowed = {m for m, extra in EXTRA_OF_MODULE.items() if extra in extras}
+    for extra in extras:
+        allowed |= {IMPORT_NAME.get(d, d.replace("-", "_")) for d in _extras().get(extra, [])}
     return set(EXTRA_OF_MODULE) - allowed
 
 

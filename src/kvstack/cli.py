@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "epp": ("kvstack.router.epp.cli", "run the router's brain as a Gateway API endpoint picker"),
     "index-server": ("kvstack.cluster.index_cli", "run the cluster KV index service"),
     "peer-server": ("kvstack.cluster.peer_cli", "serve local KV tiers to peers"),
+    "security": ("kvstack.cluster.secret_cli", "create a cluster secret (init-secret PATH)"),
     "adapters": ("kvstack.lora.cli", "manage the LoRA adapter registry"),
     "up": ("kvstack.stack.cli", "start a local stack from a config file"),
     "down": ("kvstack.stack.cli", "stop a running local stack"),

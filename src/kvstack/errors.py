@@ -7,6 +7,7 @@
      ├── MissingExtraError (ImportError)  an optional dependency is missing; names the extra
      ├── KVError
      │    ├── ChunkFormatError            a stored chunk is truncated, corrupt or foreign
+     │    │    └── ChunkMACError          unsigned, or not signed with this cluster's secret
      │    └── TierError                   a tier I/O failure (the cache degrades it to a miss)
      │         └── PeerProtocolError       a peer sent bytes that are not kvstack's peer protocol
      ├── RouterError
@@ -34,6 +35,7 @@ __all__ = [
     "AdapterLoadError",
     "AuthenticationError",
     "ChunkFormatError",
+    "ChunkMACError",
     "ColdStartError",
     "ConfigError",
     "IndexServiceError",
@@ -73,7 +75,25 @@ class KVError(KVStackError):
 
 
 class ChunkFormatError(KVError):
-    """A stored chunk failed its header or checksum verification."""
+    """A stored chunk failed its header or checksum verification.
+
+    ``reason`` labels the rejection in ``kvstack_kv_chunks_rejected_total``: ``format`` (a bad
+    or truncated header), ``checksum`` (the payload's XXH3), ``size`` (declared sizes that do
+    not fit the expected layout), ``mac`` (:class:`ChunkMACError`)."""
+
+    reason = "format"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class ChunkMACError(ChunkFormatError):
+    """A chunk read while a cluster secret is configured carries no MAC, a MAC of another
+    secret, or a MAC that does not match its header and payload: it is a miss."""
+
+    reason = "mac"
 
 
 class TierError(KVError):

@@ -33,7 +33,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "botocore": "s3",
     "dateutil": "s3",
     "safetensors": "lora",
-    "cryptography": "lora",
+    "cryptography": "kv",  # chunk MACs; the lora extra installs it too (adapter signatures)
     "sqlalchemy": "lora",
     "psycopg": "postgres",
     "kubernetes": "k8s",

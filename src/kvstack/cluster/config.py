@@ -80,7 +80,11 @@ class PeerServerConfig(Section):
     enabled: bool = Field(
         default=False, description="lend this engine's CPU/disk chunks to peer engines"
     )
-    host: str = Field(default="0.0.0.0", description="address the peer server listens on")
+    host: str = Field(
+        default="127.0.0.1",
+        description="address the peer server listens on; beyond loopback it needs "
+        "security.cluster_secret_file (or security.insecure_no_auth)",
+    )
     port: int = Field(default=8400, ge=0, le=65535, description="port of the peer server (0: any)")
     max_streams: int = Field(
         default=4,
@@ -91,7 +95,18 @@ class PeerServerConfig(Section):
     max_keys_per_request: int = Field(
         default=4096, gt=0, description="largest batch one request may name"
     )
-    timeout_s: float = Field(default=10.0, gt=0, description="idle timeout of a connection")
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="deadline of every read and write on a connection (a client that trickles "
+        "a request or stops reading an answer is cut off), and its idle timeout",
+    )
+    max_connections: int = Field(
+        default=256, gt=0, description="connections held at once; more are refused"
+    )
+    max_connections_per_peer: int = Field(
+        default=32, gt=0, description="connections held at once from one client address"
+    )
 
 
 class IndexConfig(Section):

@@ -3,7 +3,8 @@
 Connector keys (below) are read here; every other key is a ``kv`` section key (``tiers``,
 ``chunk_size``, ``write_policy``, ``admission_threshold``...) and goes to the KV cache, over the
 YAML file named by ``KVSTACK_CONFIG`` and under ``KVSTACK_KV_*`` environment variables. Unknown
-keys are errors, reported at engine start.
+keys are errors, reported at engine start. ``security`` holds the engine's ``security`` section
+(``{"cluster_secret_file": PATH}``), over the YAML file and under ``KVSTACK_SECURITY_*``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
 from kvstack.kv.config import KVConfig
 from kvstack.section import Section, load_section
+from kvstack.security import SecurityConfig
 
-__all__ = ["ConnectorSettings", "index_section", "split_extra_config"]
+__all__ = ["ConnectorSettings", "index_section", "security_section", "split_extra_config"]
 
 
 class ConnectorSettings(Section):
@@ -49,6 +51,11 @@ class ConnectorSettings(Section):
         "index service (announce.index_url, announce.instance_id = the engine's URL) and lend "
         "its tiers to peers (peer.enabled)",
     )
+    security: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the `security` section for this engine: cluster_secret_file (chunk MACs, "
+        "peer and index authentication), previous_secret_file, insecure_no_auth",
+    )
 
 
 _CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
@@ -57,6 +64,11 @@ _CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
 def index_section(settings: ConnectorSettings) -> IndexConfig:
     """The engine's ``index`` section: its extra config over YAML and ``KVSTACK_INDEX_*``."""
     return load_section("index", IndexConfig, settings.index)
+
+
+def security_section(settings: ConnectorSettings) -> SecurityConfig:
+    """The engine's ``security`` section: its extra config over YAML and ``KVSTACK_SECURITY_*``."""
+    return load_section("security", SecurityConfig, settings.security)
 
 
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, KVConfig]:

@@ -32,7 +32,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvstack.errors import ConfigError
-from kvstack.integrations.settings import index_section, split_extra_config
+from kvstack.integrations.settings import index_section, security_section, split_extra_config
 from kvstack.integrations.vllm.layout import describe_layout
 from kvstack.integrations.vllm.scheduler import KVStackMetadata, SchedulerSide
 from kvstack.integrations.vllm.stats import KVStackPromMetrics, KVStackStats
@@ -131,8 +131,10 @@ class KVStackConnector(KVConnectorBase_V1):
                 settings.save_mode or ("sync" if transfer.kv_role == "kv_producer" else "async")
             ) == "sync"
             kv = kv.model_copy(update={"tp_rank": rank})
-            index = index_section(settings)
-            self._worker = WorkerSide(kv, layout, engine_id, rank, sync, settings.kv_events, index)
+            index, security = index_section(settings), security_section(settings)
+            self._worker = WorkerSide(
+                kv, layout, engine_id, rank, sync, settings.kv_events, index, security
+            )
         log.info(
             "kvstack connector (%s, %s): chunk %d tokens, namespace model %s",
             role.name.lower(), transfer.kv_role, kv.chunk_size, kv.model,

@@ -27,6 +27,7 @@ from kvstack.integrations.vllm.stats import TIER_COUNTERS, KVStackStats
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
+from kvstack.security import SecurityConfig, load_keys
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -48,6 +49,7 @@ class WorkerSide:
         sync_save: bool,
         events: bool,
         index: IndexConfig | None = None,
+        security: SecurityConfig | None = None,
     ) -> None:
         self.layout = layout
         self.rank = rank
@@ -58,16 +60,23 @@ class WorkerSide:
             # and peer threads run on the others (the scheduler's), as NIXL's transfers do.
             reserve_background_cpus()
         with starting_background_threads():
-            self._start(kv, engine_id, rank, events, index)
+            self._start(kv, engine_id, rank, events, index, security or SecurityConfig())
 
     def _start(
-        self, kv: KVConfig, engine_id: str, rank: int, events: bool, index: IndexConfig | None
+        self,
+        kv: KVConfig,
+        engine_id: str,
+        rank: int,
+        events: bool,
+        index: IndexConfig | None,
+        security: SecurityConfig,
     ) -> None:
         # Imported here, not at module level: vLLM's API server process imports this module to
         # find the connector class, and must not register the cache's (idle) metrics there.
         from kvstack.kv.cache import KVCache
 
-        self.cache: KVCache = KVCache(kv)
+        # With a cluster secret, chunks are sealed and checked at every shared tier boundary.
+        self.cache: KVCache = KVCache(kv, keys=load_keys(security))
         self._tier_totals: dict[str, dict[str, float]] = {}
         self.paged: PagedKV | None = None
         self.failed_blocks: set[int] = set()
@@ -84,7 +93,9 @@ class WorkerSide:
             # Announces this engine's chunks to the index service and lends its tiers to peers,
             # when the index section enables either; otherwise a no-op.
             name = index.announce.instance_id or engine_id  # a configured name wins
-            self.cluster = attach_cluster(self.cache, index, instance_id=name, rank=rank)
+            self.cluster = attach_cluster(
+                self.cache, index, instance_id=name, rank=rank, security=security
+            )
 
     def _contains_prefix(self, keys: Sequence[bytes]) -> int:
         return self.cache.contains_prefix([ChunkKey(k) for k in keys])

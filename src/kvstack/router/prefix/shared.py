@@ -7,7 +7,9 @@ there. A shared store is readable by every engine that runs kvstack's connector,
 prefix counts for every backend (``shared_for_all``), at that store's lower credit. An engine
 announces an instance id; the backend it is: the one whose name, URL or
 ``kvstack.io/index-instance`` label equals it. A slow or failing index costs the request its
-tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
+tier credit, never the request: the lookup is bounded by ``index_timeout_s``. With the
+cluster secret (the ``security`` section, ``KVSTACK_SECURITY_CLUSTER_SECRET_FILE``) the
+lookups authenticate; an index that has the secret answers nothing else.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kvstack.metrics import counter
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.scheduling.config import PrefixConfig
 from kvstack.router.scheduling.tokenizers import PromptTokens
+from kvstack.security import ClusterKeys, load_security
 
 __all__ = ["INSTANCE_LABEL", "SharedTierLookup", "tier_kind", "tiers_by_backend"]
 
@@ -72,13 +75,17 @@ def tiers_by_backend(
 
 
 class SharedTierLookup:
-    def __init__(self, config: PrefixConfig) -> None:
+    def __init__(self, config: PrefixConfig, keys: ClusterKeys | None = None) -> None:
         self.config = config
+        self._keys = keys
         self._client: AsyncIndexClient | None = None
 
     async def start(self) -> None:
         if self.config.index_url:
-            self._client = AsyncIndexClient(self.config.index_url, self.config.index_timeout_s)
+            keys = self._keys if self._keys is not None else load_security()[1]
+            self._client = AsyncIndexClient(
+                self.config.index_url, self.config.index_timeout_s, keys
+            )
 
     async def close(self) -> None:
         if self._client is not None:
