@@ -37,7 +37,7 @@ PLANTED = "Planted-Pw-7c1e"
         ("redis://h:6379/0?password_env=REDIS_PW", "redis://h:6379/0?password_env=REDIS_PW"),
         ("redis://user@h:6379/0", "redis://user@h:6379/0"),
         ("http://10.0.0.1:8000/v1/models", "http://10.0.0.1:8000/v1/models"),
-        ("a 'redis://u:p@h/0' and http://x:y@z/ too", "a 'redis://u:***@h/0' and http://x:***@z/ too"),
+        ("a 'redis://u:p@h/0', http://x:y@z/", "a 'redis://u:***@h/0', http://x:***@z/"),
     ],
 )  # fmt: skip
 def test_redact_text_masks_only_the_password(text: str, shown: str) -> None:
