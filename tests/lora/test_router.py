@@ -190,6 +190,14 @@ async def _budgets_tenants_classes(url: str, control: LoRAControl, fleet: FleetT
         answer = await strict.completions.create(model="strict-bot", prompt="hi", max_tokens=2)
         assert answer.model == "strict-bot@1"
 
+        # /v1/models: each tenant sees its own adapters only, although the engines list both
+        # (loaded under their engine names) and the router reads those lists.
+        for client, mine, theirs in ((acme, "shared-bot", "strict-bot"),
+                                     (strict, "strict-bot", "shared-bot")):  # fmt: skip
+            listed = {m.id for m in (await client.models.list()).data}
+            assert mine in listed and "toy-base" in listed
+            assert theirs not in listed and not any("@" in m for m in listed), listed
+
         # Another tenant's adapter does not exist for this key.
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await strict.completions.create(model="shared-bot", prompt="hi", max_tokens=2)
@@ -274,7 +282,7 @@ async def test_prefill_decode_with_a_managed_adapter(
         load_time_prior_s={"warm": 0.05, "cold": 0.2},
     )  # fmt: skip
     pd_models = {"models": ["toy-base"], "min_remote_prefill_tokens": 16}
-    config = router_config(fleet.urls, adapters={"enabled": True}, pd=pd_models)
+    config = router_config(fleet.urls, adapters={"enabled": True}, pd=pd_models, debug_headers=True)
     config.backends[0].role, config.backends[1].role = "prefill", "decode"
     prefill_url, decode_url = fleet.urls
     prefilled: list[str] = []

@@ -172,7 +172,10 @@ def run(command: str, argv: list[str]) -> int:
         from kvstack.router.router import Router
 
         try:
-            lora = LoRAControl.from_config(load_section("lora", LoRAConfig, path=args.config))
+            lora = LoRAControl.from_config(
+                load_section("lora", LoRAConfig, path=args.config),
+                engine_api_key=config.auth.upstream_api_key,
+            )
         except ConfigError as exc:
             print(f"kvstack router: {exc}", file=sys.stderr)
             return 2

@@ -142,6 +142,7 @@ class RouterApp:
             tenant=tenant,
             arrival_s=arrival_s,
         )
+        request, body = self.router.tenancy.apply(request, body)  # salt, priority, privilege
         return self.router.resolve_target(request, body)
 
     async def _forward(
