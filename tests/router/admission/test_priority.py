@@ -98,7 +98,8 @@ async def test_priority_from_model_and_tenant_config(
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
     engine = FakeEngine("a", waiting_requests=50)
-    args = admission(models={"toy": "sheddable"}, tenants={"gold": "critical"})
+    queues = {"standard": {"max_queued": 0}}  # a lowered critical is shed at once
+    args = admission(models={"toy": "sheddable"}, tenants={"gold": "critical"}, queues=queues)
     auth = {"auth": {"api_keys": [{"key": "k-gold", "tenant": "gold"}, {"key": "k-x"}]}}
     tenants = {"tenants": {"gold": {"max_priority": "critical"}}}
     async with engines(engine), run_router([engine], **args, **auth, **tenants) as r:
