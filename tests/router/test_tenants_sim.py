@@ -11,16 +11,22 @@ whether another tenant's prompt was cached.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
+import yaml
 from pydantic import SecretStr
 
 from kvstack.bench.compare.ports import free_port_range
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
+from kvstack.stack.procs import ManagedProcess
+from tests.conftest import free_port
 from tests.router.conftest import RunningRouter, router_config, serve_router
 
 ENGINE_KEY = "engine-key"
@@ -126,3 +132,51 @@ def test_engines_refuse_callers_without_the_engine_key(fleet: FleetThread) -> No
         auth = {"authorization": f"Bearer {ENGINE_KEY}"}
         assert http.get(f"{url}/v1/models", headers=auth).status_code == 200
         assert http.get(f"{url}/health").status_code == 200  # open, as vLLM's
+
+
+def _router_process(fleet: FleetThread, tmp_path: Path, name: str, secret: Path | None) -> Any:
+    """``kvstack router --config FILE``: the security section comes from the same file."""
+    port = free_port()
+    config: dict[str, Any] = {
+        "router": {
+            "host": "127.0.0.1",
+            "port": port,
+            "backends": [{"url": fleet.urls[0]}],
+            "auth": {"api_keys": [{"key": "k-a", "tenant": "a"}], "upstream_api_key": ENGINE_KEY},
+        }
+    }
+    if secret is not None:
+        config["security"] = {"cluster_secret_file": str(secret)}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    argv = [sys.executable, "-m", "kvstack", "router", "--config", str(path)]
+    return ManagedProcess(name, argv, tmp_path / f"{name}.log").start(), f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.slow
+async def test_routers_sharing_the_cluster_secret_derive_the_same_salts(
+    fleet: FleetThread, tmp_path: Path
+) -> None:
+    """With the cluster secret, a tenant's salt is the same on every router (its KV survives
+    a restart and is found through a second router); without one, each router has its own."""
+    from kvstack.security import write_secret_file
+
+    for engine in fleet.engines:
+        engine.reset_prefix_cache()
+    secret = write_secret_file(tmp_path / "cluster-secret")
+    started = [_router_process(fleet, tmp_path, n, s)
+               for n, s in (("r1", secret), ("r2", secret), ("r3", None))]  # fmt: skip
+    try:
+        for proc, url in started:  # started together: their imports overlap
+            proc.wait_healthy(f"{url}/health", 60)
+        (_, first), (_, second), (_, alone) = started
+        await _send(first, "a")
+        before = _hits(fleet)
+        await _send(second, "a")
+        assert _hits(fleet) - before >= 304, "another router with the secret: the same salt"
+        before = _hits(fleet)
+        await _send(alone, "a")
+        assert _hits(fleet) == before, "a router without the secret must not derive it"
+    finally:
+        for proc, _ in started:
+            proc.stop()

@@ -76,11 +76,12 @@ class Tenancy:
 
     @classmethod
     def from_environment(
-        cls, config: RouterConfig, extra_admin_keys: Sequence[str] = ()
+        cls, config: RouterConfig, extra_admin_keys: Sequence[str] = (), path: str | None = None
     ) -> Tenancy:
-        """Keys from the ``security`` section (``KVSTACK_SECURITY_*``, the config file); the
-        admin keys: ``router.auth.admin_key`` and ``extra_admin_keys`` (``lora.admin_key``)."""
-        keys = load_keys(load_section("security", SecurityConfig))
+        """Keys from the ``security`` section (the config file ``path``, else
+        ``KVSTACK_CONFIG``, then ``KVSTACK_SECURITY_*``); the admin keys:
+        ``router.auth.admin_key`` and ``extra_admin_keys`` (``lora.admin_key``)."""
+        keys = load_keys(load_section("security", SecurityConfig, path=path))
         admin = config.auth.admin_key
         own = [] if admin is None else [admin.get_secret_value()]
         return cls(config, keys, [*own, *extra_admin_keys])
