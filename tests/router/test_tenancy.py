@@ -25,9 +25,14 @@ CONFIG = RouterConfig.model_validate(
 
 
 def request(
-    tenant: str | None, body: bytes = b'{"model":"m","prompt":"x"}', **headers: str
+    tenant: str | None,
+    body: bytes = b'{"model":"m","prompt":"x"}',
+    tenancy: Tenancy | None = None,
+    **headers: str,
 ) -> RoutingRequest:
-    return parse_request("completions", body, headers, tenant=tenant)
+    """``body`` parsed as the router parses it, through ``tenancy`` (default: one on KEYS)."""
+    chosen = Tenancy(CONFIG, KEYS) if tenancy is None else tenancy
+    return parse_request("completions", body, headers, tenant=tenant, tenancy=chosen)
 
 
 def test_tenants_get_distinct_salts_and_a_shared_namespace_one_salt() -> None:
@@ -56,46 +61,62 @@ def test_salts_follow_the_cluster_secret_and_are_random_without_one() -> None:
     assert Tenancy(CONFIG, None).salt("a", None) != Tenancy(CONFIG, None).salt("a", None)
 
 
-def test_apply_rewrites_the_body_of_tenant_requests_only() -> None:
+def test_the_body_of_tenant_requests_only_is_rewritten() -> None:
     t = Tenancy(CONFIG, KEYS)
     raw = b'{"model":"m","prompt":"x","cache_salt":"mine"}'
-    applied, body = t.apply(request("a", raw), raw)
+    applied = request("a", raw, tenancy=t)
+    body = Tenancy.forwarded_body(applied, raw)
     assert applied.body["cache_salt"] == t.salt("a", "mine") and b"mine" not in body
-    anonymous, same = t.apply(request(None, raw), raw)
-    assert same is raw and anonymous.body["cache_salt"] == "mine"
+    anonymous = request(None, raw, tenancy=t)
+    assert Tenancy.forwarded_body(anonymous, raw) is raw
+    assert anonymous.body["cache_salt"] == "mine"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"m","prompt":"x"}',
+        b'  \n {  "model" : "m", "prompt": "say \\"cache_salt\\"" }',
+        b'{"model":"m","prompt":"x","cache_salt":"mine"}',
+        b'{"cache_salt":"mine","model":"m","prompt":"x","response_format":{"cache_salt":1}}',
+    ],
+)
+def test_the_forwarded_body_is_the_rewritten_one_however_the_client_wrote_it(raw: bytes) -> None:
+    import json
+
+    applied = request("a", raw)
+    forwarded = Tenancy.forwarded_body(applied, raw)
+    assert json.loads(forwarded) == applied.body
+    assert forwarded.count(b'"cache_salt":"') == 1  # one salt field, the derived one
 
 
 @pytest.mark.parametrize("bad", ['""', '"a/b"', '"x@y"', '"' + "z" * 129 + '"', "7"])
 def test_a_client_salt_vllm_would_refuse_is_a_clear_400(bad: str) -> None:
     raw = b'{"model":"m","prompt":"x","cache_salt":' + bad.encode() + b"}"
     with pytest.raises(RequestError, match="cache_salt") as refused:
-        Tenancy(CONFIG, KEYS).apply(request("a", raw), raw)
+        request("a", raw)
     assert refused.value.status == 400 and refused.value.param == "cache_salt"
 
 
 def test_priorities_above_the_tenants_highest_are_lowered() -> None:
-    t = Tenancy(CONFIG, KEYS)
     critical = {"x-kvstack-priority": "critical"}
-    assert t.apply(request("vip", **critical), b"")[0].priority == "critical"
-    assert t.apply(request("a", **critical), b"")[0].priority == "standard"
-    assert t.apply(request(None, **critical), b"")[0].priority == "standard"
-    low = {"x-kvstack-priority": "sheddable"}
-    assert t.apply(request(None, **low), b"")[0].priority == "sheddable"
-    assert t.apply(request(None), b"")[0].priority is None
+    assert request("vip", **critical).priority == "critical"
+    assert request("a", **critical).priority == "standard"
+    assert request(None, **critical).priority == "standard"
+    assert request(None, **{"x-kvstack-priority": "sheddable"}).priority == "sheddable"
+    assert request(None).priority is None
     bogus = {"x-kvstack-priority": "urgent"}  # left for admission to refuse with a 400
-    assert t.apply(request("a", **bogus), b"")[0].priority == "urgent"
-    opened = CONFIG.model_copy(update={"default_max_priority": "critical"})
-    assert Tenancy(opened, KEYS).apply(request(None, **critical), b"")[0].priority == "critical"
+    assert request("a", **bogus).priority == "urgent"
+    opened = Tenancy(CONFIG.model_copy(update={"default_max_priority": "critical"}), KEYS)
+    assert request(None, tenancy=opened, **critical).priority == "critical"
 
 
 def test_only_the_admin_key_or_debug_headers_make_a_caller_privileged() -> None:
     t = Tenancy.from_environment(CONFIG)
-    assert not t.apply(request("a"), b"")[0].privileged
-    wrong = {"x-kvstack-admin-key": "guess"}
-    assert not t.apply(request("a", **wrong), b"")[0].privileged
-    right = {"x-kvstack-admin-key": "the-admin-key"}
-    assert t.apply(request("a", **right), b"")[0].privileged
+    assert not request("a", tenancy=t).privileged
+    assert not request("a", tenancy=t, **{"x-kvstack-admin-key": "guess"}).privileged
+    assert request("a", tenancy=t, **{"x-kvstack-admin-key": "the-admin-key"}).privileged
     lora_key = Tenancy(CONFIG, KEYS, ["lora-admin"])
-    assert lora_key.apply(request(None, **{"x-kvstack-admin-key": "lora-admin"}), b"")[0].privileged
+    assert request(None, tenancy=lora_key, **{"x-kvstack-admin-key": "lora-admin"}).privileged
     debug = Tenancy(CONFIG.model_copy(update={"debug_headers": True}), KEYS)
-    assert debug.apply(request("a"), b"")[0].privileged
+    assert request("a", tenancy=debug).privileged
