@@ -31,6 +31,8 @@ logged, counted and treated as a miss by :class:`kvstack.kv.KVCache`.
 
 from __future__ import annotations
 
+from kvstack.redact import redact_text
+
 __all__ = [
     "AdapterLoadError",
     "AuthenticationError",
@@ -59,7 +61,12 @@ __all__ = [
 
 
 class KVStackError(Exception):
-    """Base of every error kvstack raises on purpose."""
+    """Base of every error kvstack raises on purpose. Its text never shows a password: a URL
+    credential in the message is masked (:func:`kvstack.redact.redact_text`) wherever the
+    error is printed or logged."""
+
+    def __str__(self) -> str:
+        return redact_text(super().__str__())
 
 
 class ConfigError(KVStackError, ValueError):
@@ -138,7 +145,7 @@ class RequestError(RouterError):
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
-        self.message = message
+        self.message = redact_text(message)  # sent to the client
         self.status = status
         self.param = param
         self.code = code

@@ -23,7 +23,8 @@ async def test_5xx_before_first_byte_is_retried_elsewhere_and_the_backend_ejecte
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
     bad, good = FakeEngine("bad", fail_next=1000), FakeEngine("good")
-    async with engines(bad, good), run_router([bad, good], policy="round_robin") as r:
+    debug = {"debug_headers": True}  # the decision header shows the attempt number
+    async with engines(bad, good), run_router([bad, good], policy="round_robin", **debug) as r:
         results = [await _post(http, r.url) for _ in range(8)]
     assert all(status == 200 for status, _ in results)
     assert all(h["body"]["choices"][0]["text"] == "from good" for _, h in results)

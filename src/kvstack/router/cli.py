@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ConfigError
 from kvstack.router.config import RouterConfig
 from kvstack.router.scheduling.config import POLICIES
 from kvstack.section import load_section, log_config_once
+
+if TYPE_CHECKING:
+    from kvstack.router.router import Router
 
 __all__ = ["parse_args", "run"]
 
@@ -165,19 +168,32 @@ def run(command: str, argv: list[str]) -> int:
     log_config_once("router", config)
     from kvstack.router.http.server import build_server, tune_gc
 
-    router = None
-    if config.adapters.enabled:
-        from kvstack.lora.config import LoRAConfig
-        from kvstack.lora.control import LoRAControl
-        from kvstack.router.router import Router
-
-        try:
-            lora = LoRAControl.from_config(load_section("lora", LoRAConfig, path=args.config))
-        except ConfigError as exc:
-            print(f"kvstack router: {exc}", file=sys.stderr)
-            return 2
-        router = Router(config, lora=lora)
+    try:
+        router = _router(config, args.config)
+    except ConfigError as exc:
+        print(f"kvstack router: {exc}", file=sys.stderr)
+        return 2
     server = build_server(config, router)
     tune_gc()
     server.run()
     return 0 if server.started else 1
+
+
+def _router(config: RouterConfig, path: str | None) -> Router:
+    """The router with its LoRA control plane (``lora`` section) and tenancy (``security``
+    section, for the tenant salt key) read from the same file as the ``router`` section."""
+    from kvstack.router.router import Router
+    from kvstack.router.tenancy import Tenancy
+
+    lora = None
+    if config.adapters.enabled:
+        from kvstack.lora.config import LoRAConfig
+        from kvstack.lora.control import LoRAControl
+
+        lora = LoRAControl.from_config(
+            load_section("lora", LoRAConfig, path=path),
+            engine_api_key=config.auth.upstream_api_key,
+        )
+    lora_admin = None if lora is None else lora.config.admin_key
+    extra = [] if lora_admin is None else [lora_admin.get_secret_value()]
+    return Router(config, lora=lora, tenancy=Tenancy.from_environment(config, extra, path))

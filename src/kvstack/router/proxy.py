@@ -27,7 +27,7 @@ from kvstack.router.config import RetryConfig, RouterConfig
 from kvstack.router.fleet.backends import BackendState
 from kvstack.router.http.responses import HOP_BY_HOP, RawHeaders, Send
 from kvstack.router.inflight import InFlight
-from kvstack.router.request import REQUEST_ID_HEADER, RoutingRequest
+from kvstack.router.request import ADMIN_HEADER, REQUEST_ID_HEADER, RoutingRequest
 from kvstack.router.scheduling.pipeline import RoutingDecision
 from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.telemetry import Telemetry
@@ -162,6 +162,7 @@ class Proxy:
         headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
         if self._drop_client_auth:
             headers.pop("authorization", None)
+        headers.pop(ADMIN_HEADER, None)
         if self._upstream_auth is not None:
             headers["authorization"] = self._upstream_auth
         headers[REQUEST_ID_HEADER] = request.request_id
@@ -180,9 +181,13 @@ class Proxy:
 
     @staticmethod
     def _response_headers(request: RoutingRequest, backend_id: str, attempt: Attempt) -> RawHeaders:
+        # Match counts and scores tell whether a prompt is cached: admin key or debug only.
+        decision = (
+            attempt.decision_header() if request.privileged else attempt.public_decision_header()
+        )
         return [
             (BACKEND_HEADER, backend_id.encode("latin-1", "replace")),
-            (DECISION_HEADER, attempt.decision_header().encode("latin-1", "replace")),
+            (DECISION_HEADER, decision.encode("latin-1", "replace")),
             (REQUEST_ID_HEADER.encode(), request.request_id.encode("latin-1", "replace")),
             *attempt.response_headers,
         ]

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from kvstack.router.scheduling.tokenizers import PromptTokens
 
 __all__ = [
+    "ADMIN_HEADER",
     "PATHS",
     "AnswerStart",
     "Endpoint",
@@ -55,6 +56,7 @@ __all__ = [
 Endpoint = Literal["completions", "chat"]
 PATHS: Mapping[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 PRIORITY_HEADER = "x-kvstack-priority"
+ADMIN_HEADER = "x-kvstack-admin-key"  # never forwarded to a backend
 REQUEST_ID_HEADER = "x-request-id"
 _encoder = msgspec.json.Encoder()
 
@@ -112,6 +114,7 @@ class RoutingRequest:
     session_id: str | None = None  # header, else the OpenAI `user` field
     user: str | None = None
     tenant: str | None = None  # from the API key
+    privileged: bool = False  # may see routing internals (admin key, or router.debug_headers)
     headers: Mapping[str, str] = field(default_factory=dict)
     body: Mapping[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # time.perf_counter() at arrival

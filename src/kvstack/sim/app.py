@@ -4,7 +4,8 @@
 ``/metrics``, ``/tokenize``, ``/reset_prefix_cache``, and, with LoRA enabled,
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with vLLM's checks, messages and
 status codes (400 missing field, name taken, name of the base model; 404 unknown adapter or
-missing path). ``x-request-id`` names the request (``cmpl-<id>``) and is echoed back.
+missing path). ``x-request-id`` names the request (``cmpl-<id>``) and is echoed back. With an
+``api_key``, ``/v1`` routes need it, as vLLM's (:mod:`kvstack.sim.auth`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from typing import Any
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kvstack.sim.auth import ApiKeyMiddleware
 from kvstack.sim.engine import SimEngine
 from kvstack.sim.generate import error_response, handle_generate
 from kvstack.sim.protocol import APIError, bad_request
@@ -89,7 +92,9 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
         ]
-    return Starlette(routes=routes)
+    key = engine.config.api_key
+    guard = [] if key is None else [Middleware(ApiKeyMiddleware, api_key=key.get_secret_value())]
+    return Starlette(routes=routes, middleware=guard)
 
 
 def _permission(created: int) -> list[dict[str, Any]]:

@@ -102,9 +102,7 @@ def _params(
     if model is not None and not isinstance(model, str):
         raise bad_request("'model' must be a string", "model")
     options = obj.get("stream_options") or {}
-    salt = obj.get("cache_salt")
-    if salt is not None and (not isinstance(salt, str) or not salt):
-        raise bad_request("Parameter 'cache_salt' must be a non-empty string.", "cache_salt")
+    salt = _cache_salt(obj.get("cache_salt"))
     return GenerateParams(
         model=model,
         prompt_tokens=tokens,
@@ -115,6 +113,28 @@ def _params(
         cache_salt=salt,
         chat=chat,
     )
+
+
+_SALT_FORBIDDEN = frozenset("@/\\\x00")
+MAX_CACHE_SALT_CHARS = 128
+
+
+def _cache_salt(salt: object) -> str | None:
+    """vLLM's ``validate_cache_salt``: a non-empty string of at most 128 characters without
+    '@', '/', '\\' or NUL (vLLM keeps these out of the keys of downstream cache backends)."""
+    if salt is None:
+        return None
+    if not isinstance(salt, str) or not salt:
+        raise bad_request(
+            "Parameter 'cache_salt' must be a non-empty string if provided.", "cache_salt"
+        )
+    if len(salt) > MAX_CACHE_SALT_CHARS or any(c in _SALT_FORBIDDEN for c in salt):
+        raise bad_request(
+            "Parameter 'cache_salt' must be at most 128 characters and must not contain '@', "
+            "'/', '\\\\', or NUL.",
+            "cache_salt",
+        )
+    return salt
 
 
 def _int_field(obj: dict[str, Any], name: str) -> int | None:

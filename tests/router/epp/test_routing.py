@@ -109,3 +109,24 @@ async def test_a_canary_route_rewrites_the_model_and_content_length() -> None:
             assert answer.endpoint == expected
             served_by[target] += 1
         assert set(served_by) == {"toy-v1", "toy-v2"}  # both arms of the canary ran
+
+
+async def test_a_tenants_request_reaches_the_engine_with_its_derived_salt() -> None:
+    """Through the EPP too, tenants never share KV: the body Envoy forwards carries the salt
+    the router derives for the caller's tenant, not the client's own."""
+    engine = FakeEngine("e1")
+    auth = {"api_keys": [{"key": "k-a", "tenant": "a"}, {"key": "k-b", "tenant": "b"}]}
+    async with (
+        engines(engine) as started,
+        serve_epp(started, auth=auth) as epp,
+        httpx.AsyncClient() as http,
+    ):
+        salts = []
+        for key in ("k-a", "k-b", "k-a"):
+            body = {"model": "toy", "prompt": "same words", "max_tokens": 2, "cache_salt": "x"}
+            done = await epp.envoy.forward(
+                PATH, body, http, headers={"authorization": f"Bearer {key}"}
+            )
+            assert done.status == 200, done.body
+            salts.append(engine.seen[-1].body["cache_salt"])
+        assert salts[0] == salts[2] != salts[1] and "x" not in salts

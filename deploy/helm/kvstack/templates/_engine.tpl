@@ -70,7 +70,7 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- end -}}
 {{- $url = $r.url -}}
 {{- end -}}
-{{- if and $url $r.passwordSecret.name -}}
+{{- if and $url (include "kvstack.redisPasswordSecret" .) -}}
 {{- $url = printf "%s%spassword_env=KVSTACK_REDIS_PASSWORD" $url (ternary "&" "?" (contains "?" $url)) -}}
 {{- end -}}
 {{- $url -}}

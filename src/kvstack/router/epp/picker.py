@@ -33,6 +33,7 @@ from kvstack.router.proxy import TENANT_HEADER
 from kvstack.router.request import Endpoint, RoutingRequest
 from kvstack.router.router import Router
 from kvstack.router.scheduling.pipeline import eligible_backends
+from kvstack.router.tenancy import Tenancy
 
 __all__ = ["EndpointPicker", "Placement"]
 
@@ -96,9 +97,11 @@ class EndpointPicker:
         request = parse_request(
             endpoint, body, headers,
             session_header=router.config.session_header, tenant=tenant, arrival_s=arrival_s,
+            tenancy=router.tenancy,  # the tenant's salt, its priority cap, privilege
         )  # fmt: skip
         request = self._with_priority(request, headers)
-        request, upstream_body = router.resolve_target(request, body)
+        forwarded = Tenancy.forwarded_body(request, body)  # a tenant's salt: a body mutation
+        request, upstream_body = router.resolve_target(request, forwarded)
         scheduler = router.scheduler
         try:
             await scheduler.admit(request)

@@ -46,6 +46,7 @@ from kvstack.router.http.responses import (
 )
 from kvstack.router.request import Endpoint, RoutingRequest
 from kvstack.router.router import Router
+from kvstack.router.tenancy import Tenancy
 from kvstack.router.upstream.relay import Exchange, RetryableStatus
 
 __all__ = ["RouterApp"]
@@ -141,8 +142,9 @@ class RouterApp:
             session_header=self._session_header,
             tenant=tenant,
             arrival_s=arrival_s,
+            tenancy=self.router.tenancy,  # the tenant's salt, its priority cap, privilege
         )
-        return self.router.resolve_target(request, body)
+        return self.router.resolve_target(request, Tenancy.forwarded_body(request, body))
 
     async def _forward(
         self, request: RoutingRequest, body: bytes, receive: Receive, send: Send, ex: Exchange

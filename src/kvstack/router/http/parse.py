@@ -10,12 +10,15 @@ import itertools
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from kvstack.errors import RequestError
 from kvstack.router.request import PRIORITY_HEADER, REQUEST_ID_HEADER, Endpoint, RoutingRequest
+
+if TYPE_CHECKING:
+    from kvstack.router.tenancy import Tenancy
 
 __all__ = ["parse_request"]
 
@@ -33,9 +36,15 @@ def parse_request(
     session_header: str = "x-session-id",
     tenant: str | None = None,
     arrival_s: float | None = None,
+    tenancy: Tenancy | None = None,
 ) -> RoutingRequest:
-    """Parse and check a completions or chat body; raise :class:`RequestError` (400)."""
+    """Parse and check a completions or chat body; raise :class:`RequestError` (400).
+    ``tenancy`` adjusts the tenant's fields (salt, priority cap, privilege) on the way."""
     body = _decode_object(raw)
+    priority = headers.get(PRIORITY_HEADER)
+    privileged = False
+    if tenancy is not None:
+        body, priority, privileged = tenancy.adjust(body, headers, tenant, priority)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError("you must provide a model parameter", param="model")
@@ -58,10 +67,11 @@ def parse_request(
         token_ids=token_ids,
         stream=stream,
         max_tokens=max_tokens,
-        priority=headers.get(PRIORITY_HEADER),
+        priority=priority,
         session_id=headers.get(session_header) or user,
         user=user,
         tenant=tenant,
+        privileged=privileged,
         headers=headers,
         body=body,
         arrival_s=time.perf_counter() if arrival_s is None else arrival_s,
