@@ -56,7 +56,7 @@ async def test_no_retry_left_relays_the_last_5xx_or_a_502(
         status, headers = await _post(http, r.url)
         assert status == 503 and headers["body"] == {"error": {"message": "boom"}}
         await bad.stop()
-        await asyncio.sleep(0.3)  # health checks notice
+        await until(lambda: r.router.pool.get(bad.url).healthy is False)  # health checks notice
         status, headers = await _post(http, r.url)
         assert status == 503 and headers["body"]["error"]["code"] == "no_backend"
 
