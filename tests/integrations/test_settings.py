@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstack.errors import ConfigError
-from kvstack.integrations.settings import split_extra_config
+from kvstack.integrations.settings import TransferModes, split_extra_config, transfer_modes
 
 
 def test_split_connector_keys_from_kv_keys() -> None:
@@ -31,3 +31,17 @@ def test_environment_overrides_kv_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVSTACK_KV_CHUNK_SIZE", "1024")
     _, kv = split_extra_config({"chunk_size": 256})
     assert kv.chunk_size == 1024
+
+
+def test_copy_modes_default_by_device_and_follow_the_settings() -> None:
+    defaults, _ = split_extra_config({})
+    assert transfer_modes(defaults, "cpu") == TransferModes(False, False)
+    assert transfer_modes(defaults, "cuda") == TransferModes(True, True)
+    chosen, _ = split_extra_config({"copy_out": "background", "layer_pipelining": True})
+    assert transfer_modes(chosen, "cpu") == TransferModes(True, True)
+    assert defaults.load_mode == "auto" and defaults.save_generated is True
+
+
+def test_a_load_timeout_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="load_timeout_s"):
+        split_extra_config({"load_timeout_s": 0})

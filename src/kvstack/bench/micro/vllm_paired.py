@@ -15,10 +15,11 @@ the median, min and max of the per-round ratios.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvstack.bench.micro.vllm_harness import Engines, spread, stream_ttft
+from kvstack.bench.micro.vllm_harness import Engines, metric_value, spread, stream_ttft
 from kvstack.bench.micro.vllm_probe import PromptFactory, reset_prefix_cache
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 
@@ -79,14 +80,29 @@ def _paired(
         for r in range(rounds):
             for name in _rotated(names, r):
                 samples[name].append(measure(servers[name], r))
+        time.sleep(1.5)  # the last step's stats reach /metrics
+        connector = {n: _connector_figures(servers[n]) for n in names if arms[n] is not None}
     base = samples[names[0]]
-    out: dict[str, Any] = {"rounds": rounds, "samples_s": samples}
+    out: dict[str, Any] = {"rounds": rounds, "samples_s": samples, "connector": connector}
     for name in names:
         out[name] = {"ttft_s": spread(samples[name]).as_dict()}
         if name != names[0]:
             ratios = [mine / theirs for mine, theirs in zip(samples[name], base, strict=True)]
             out[name]["ratio_to_" + names[0]] = spread(ratios).as_dict()
     return out
+
+
+def _connector_figures(server: VLLMServer) -> dict[str, float]:
+    """How long the step spent on copy-outs and loads, and how long finished requests' blocks
+    were held for background copy-outs (the memory cost of ``copy_out: background``)."""
+    figures = {}
+    for name in ("save_seconds", "load_seconds", "hold_seconds"):
+        total = metric_value(server, f"kvstack_connector_{name}_sum")
+        count = metric_value(server, f"kvstack_connector_{name}_count")
+        figures[f"{name}_total"] = total
+        figures[f"{name}_mean_ms"] = 1000 * total / count if count else 0.0
+    figures["held_requests"] = metric_value(server, "kvstack_connector_held_requests_total")
+    return figures
 
 
 def _rotated(names: Sequence[str], round_: int) -> list[str]:

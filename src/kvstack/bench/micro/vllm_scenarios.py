@@ -87,6 +87,10 @@ def _flat_rows(results: dict[str, Any], prefix: str = "") -> list[tuple[str, str
     for key, value in results.items():
         if key in ("rounds", "samples_s") or not isinstance(value, dict):
             continue
+        if key == "connector":
+            for arm, figures in value.items():
+                rows += [(f"{arm}.{k}", f"{v:.4g}") for k, v in figures.items()]
+            continue
         if {"median", "min", "max"} <= value.keys():
             rows.append((
                 f"{prefix}{key}",
