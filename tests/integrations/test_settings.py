@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from kvstack.errors import ConfigError
-from kvstack.integrations.settings import split_extra_config
+from kvstack.integrations.settings import TransferModes, split_extra_config, transfer_modes
 
 
 def test_split_connector_keys_from_kv_keys() -> None:
@@ -57,3 +57,17 @@ def test_the_cluster_secret_comes_from_the_extra_config_or_the_environment(
     settings, _ = split_extra_config({"tiers": ["cpu://?size=1MiB"]})
     from_env = load_keys(security_section(settings))
     assert from_env is not None and from_env.fingerprint == keys.fingerprint
+
+
+def test_copy_modes_default_by_device_and_follow_the_settings() -> None:
+    defaults, _ = split_extra_config({})
+    assert transfer_modes(defaults, "cpu") == TransferModes(False, False)
+    assert transfer_modes(defaults, "cuda") == TransferModes(True, True)
+    chosen, _ = split_extra_config({"copy_out": "background", "layer_pipelining": True})
+    assert transfer_modes(chosen, "cpu") == TransferModes(True, True)
+    assert defaults.load_mode == "auto" and defaults.save_generated is True
+
+
+def test_a_load_timeout_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="load_timeout_s"):
+        split_extra_config({"load_timeout_s": 0})

@@ -10,7 +10,7 @@ keys are errors, reported at engine start. ``security`` holds the engine's ``sec
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
 
@@ -20,7 +20,14 @@ from kvstack.kv.config import KVConfig
 from kvstack.section import Section, load_section
 from kvstack.security import SecurityConfig
 
-__all__ = ["ConnectorSettings", "index_section", "security_section", "split_extra_config"]
+__all__ = [
+    "ConnectorSettings",
+    "TransferModes",
+    "index_section",
+    "security_section",
+    "split_extra_config",
+    "transfer_modes",
+]
 
 
 class ConnectorSettings(Section):
@@ -45,6 +52,38 @@ class ConnectorSettings(Section):
     kv_events: bool = Field(
         default=True, description="report kvstack tier stores/removals in vLLM's KV events"
     )
+    load_mode: Literal["auto", "async", "sync"] = Field(
+        default="auto",
+        description="auto: a request whose chunks are not all in the cpu:// tier loads "
+        "asynchronously (it waits while the other requests keep stepping), one served from "
+        "memory loads within its step; async / sync: always",
+    )
+    load_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an asynchronous load still running after this long is abandoned; vLLM "
+        "recomputes the blocks that had not arrived",
+    )
+    load_threads: int = Field(
+        default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"
+    )
+    save_generated: bool = Field(
+        default=True,
+        description="save every full chunk a request completes, generated tokens included (the "
+        "next turn of a chat, a preempted request); false: prompt chunks only",
+    )
+    copy_out: Literal["step", "background"] | None = Field(
+        default=None,
+        description="step: the step waits for its copy-out of new chunks; background: the "
+        "copy-out overlaps the next step and a finished request's blocks are freed when it "
+        "is over; default: background on GPUs, step on vLLM's CPU build (measured faster)",
+    )
+    layer_pipelining: bool | None = Field(
+        default=None,
+        description="write loaded KV layer by layer while earlier layers compute, and copy "
+        "saved KV out as each layer finishes; default: on for GPUs, off on vLLM's CPU build "
+        "(measured: it does not pay there)",
+    )
     index: dict[str, Any] = Field(
         default_factory=dict,
         description="the `index` section for this engine: announce its chunks to a cluster "
@@ -59,6 +98,21 @@ class ConnectorSettings(Section):
 
 
 _CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
+
+
+class TransferModes(NamedTuple):
+    """How copies run, as both connector roles resolve them for one device type."""
+
+    copy_out_background: bool
+    layer_pipelining: bool
+
+
+def transfer_modes(settings: ConnectorSettings, device_type: str) -> TransferModes:
+    """The settings' copy modes, with the defaults for ``device_type`` filled in."""
+    gpu = device_type == "cuda"
+    copy_out = settings.copy_out or ("background" if gpu else "step")
+    pipelining = gpu if settings.layer_pipelining is None else settings.layer_pipelining
+    return TransferModes(copy_out == "background", pipelining)
 
 
 def index_section(settings: ConnectorSettings) -> IndexConfig:
