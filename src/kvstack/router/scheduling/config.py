@@ -94,8 +94,9 @@ class PrefixConfig(Section):
     )
     index_url: str | None = Field(
         default=None,
-        description="kvstack index server (shared and local kvstack tiers), "
-        "http://host:port or zmq://host:port (its zmq_port, lower latency); None: not used",
+        description="the cluster KV index (shared and local kvstack tiers): the index server "
+        "at http://host:port or zmq://host:port (its zmq_port, lower latency), or Valkey at "
+        "redis://host:port or rediss://host:port (?cluster=true, ?sentinel=NAME); None: not used",
     )
     index_timeout_s: float = Field(
         default=0.05, gt=0, description="a slower index lookup is skipped (no tier credit)"
