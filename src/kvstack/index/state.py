@@ -72,8 +72,7 @@ class IndexState:
         instance = self.instances.get(batch.instance)
         if batch.reset:
             if instance is not None:
-                for location in instance.locations(shared=False):
-                    self.index.drop(location)
+                self._forget_chunks(instance.id)
             instance = self._register(batch)
         elif instance is None or batch.epoch != self.epoch:
             return EventReply(self.epoch, resync=True)
@@ -84,6 +83,11 @@ class IndexState:
         for tier, keys in batch.removed.items():
             self.index.remove(instance.location(tier), keys)
         return EventReply(self.epoch)
+
+    def _forget_chunks(self, instance_id: str) -> None:
+        """Drop every local location of the engine, also of tiers it no longer lists."""
+        for location in [loc for loc in self.index.locations() if loc.holder == instance_id]:
+            self.index.drop(location)
 
     def _register(self, batch: AnnounceBatch) -> Instance:
         instance = Instance(
@@ -110,8 +114,7 @@ class IndexState:
         gone = [i for i in self.instances.values() if i.last_seen < cutoff]
         for instance in gone:
             del self.instances[instance.id]
-            for location in instance.locations(shared=False):
-                self.index.drop(location)
+            self._forget_chunks(instance.id)
         if gone:
             used = {loc for i in self.instances.values() for loc in i.locations(shared=True)}
             for location in list(self.index.locations()):
