@@ -20,6 +20,7 @@ round trip per node, in parallel) while a cluster still shards the index over it
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = ["REGISTRY_FIELDS", "KeyLayout", "decode_mask"]
 
@@ -70,14 +71,15 @@ class KeyLayout:
             groups.setdefault(self.bucket(key), []).append(key)
         return groups
 
-    def mget_commands(self, keys: Sequence[bytes]) -> tuple[list[tuple[bytes, ...]], list[int]]:
+    def mget_commands(self, keys: Sequence[bytes]) -> tuple[list[tuple[Any, ...]], list[int]]:
         """One ``MGET`` per bucket for ``keys``, and where each key's answer lands in the
         concatenation of their replies."""
         groups = self.by_bucket(keys)
-        commands, order = [], []
+        commands: list[tuple[Any, ...]] = []
+        order: list[bytes] = []
         for bucket, members in groups.items():
             prefix = self.chunk_prefix(bucket)
-            commands.append((b"MGET", *(prefix + k for k in members)))
+            commands.append(("MGET", *(prefix + k for k in members)))
             order.extend(members)
         position = {key: n for n, key in enumerate(order)}
         return commands, [position[k] for k in keys]

@@ -76,8 +76,8 @@ class IndexReader:
         self.options = options
         self.snapshot: RegistrySnapshot | None = None
         registry = layout.registry
-        self._state = (b"EVAL", STATE, 2, layout.registry_key("V"), layout.registry_key("S"))
-        self._snapshot_command = (b"EVAL", SNAPSHOT, len(registry), *registry)
+        self._state = ("EVAL", STATE, 2, layout.registry_key("V"), layout.registry_key("S"))
+        self._snapshot_command = ("EVAL", SNAPSHOT, len(registry), *registry)
 
     def refresh(self) -> Flow[RegistrySnapshot]:
         (reply,) = yield [self._snapshot_command]

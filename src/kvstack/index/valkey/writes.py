@@ -60,7 +60,7 @@ class IndexWriter:
         reporter = self._reporters.setdefault(batch.instance, _Reporter())
         tiers = {t.name: t for t in batch.tiers} or reporter.tiers
         if not tiers and not batch.reset:  # another process's engine: its tiers as registered
-            (raw,) = yield [(b"HGET", self.layout.registry_key("T"), batch.instance)]
+            (raw,) = yield [("HGET", self.layout.registry_key("T"), batch.instance)]
             tiers = {t.name: t for t in _TIERS.decode(raw)} if raw else {}
         touched = {*batch.stored, *batch.removed}
         local = sorted({n for n, t in tiers.items() if not t.shared} | touched - set(tiers))
@@ -72,7 +72,7 @@ class IndexWriter:
         local_bits, shared_bits, sequence = json.loads(rest[0]), json.loads(rest[1]), int(rest[2])
         writes = list(self._writes(batch, tiers, local_bits, shared_bits))
         commit = (
-            b"EVAL",
+            "EVAL",
             COMMIT,
             2,
             self.layout.registry_key("I"),
@@ -89,7 +89,7 @@ class IndexWriter:
     ) -> Command:
         info = _ENCODER.encode(InstanceInfo(batch.profile, batch.aliases, batch.peer))
         tiers = _ENCODER.encode(batch.tiers) if batch.tiers or batch.reset else b""
-        head = (b"EVAL", REGISTER if batch.reset else REFRESH, len(self._registry))
+        head = ("EVAL", REGISTER if batch.reset else REFRESH, len(self._registry))
         args = (
             batch.instance,
             info,
@@ -126,7 +126,7 @@ class IndexWriter:
             for start in range(0, len(members), APPLY_BATCH):
                 part = members[start : start + APPLY_BATCH]
                 yield (
-                    b"EVAL",
+                    "EVAL",
                     APPLY,
                     1 + len(part),
                     held,
@@ -141,12 +141,12 @@ class IndexWriter:
         """Expire silent engines and clean up after them; returns the engines forgotten."""
         lock_ms = int(self.options.maintain_s * 1000)
         lock = self.layout.registry_key("G")
-        (got,) = yield [(b"SET", lock, uuid.uuid4().hex, b"NX", b"PX", lock_ms)]
+        (got,) = yield [("SET", lock, uuid.uuid4().hex, b"NX", b"PX", lock_ms)]
         if not got:
             return []
         ttl_ms, quarantine_ms = int(self.options.ttl_s * 1000), int(self.options.ttl_s * 1000)
         ((gone, retired),) = yield [
-            (b"EVAL", EXPIRE, len(self._registry), *self._registry, ttl_ms, quarantine_ms)
+            ("EVAL", EXPIRE, len(self._registry), *self._registry, ttl_ms, quarantine_ms)
         ]
         for raw in retired[:4]:
             yield from self._clean(int(raw))
@@ -157,7 +157,7 @@ class IndexWriter:
         for _ in range(CLEAN_ROUNDS):
             left = yield [
                 (
-                    b"EVAL",
+                    "EVAL",
                     CLEAN,
                     1,
                     self.layout.holdings(b, bit),
@@ -169,6 +169,6 @@ class IndexWriter:
             ]
             if not any(left):
                 x, f = self.layout.registry_key("X"), self.layout.registry_key("F")
-                yield [(b"EVAL", FREE, 2, x, f, bit)]
+                yield [("EVAL", FREE, 2, x, f, bit)]
                 log.info("valkey index: location bit %d cleaned and freed", bit)
                 return

@@ -7,8 +7,8 @@ its kvstack tiers, the prefix length per tier, and per shared store (Redis, S3, 
 directory) the prefix length held there. A shared store is readable by every engine that
 runs kvstack's connector, so its prefix counts for every backend (``shared_for_all``), at that
 store's lower credit. An engine announces an instance id; the backend it is: the one whose
-name, URL or ``kvstack.io/index-instance`` label equals it. A slow or failing index costs the request its
-tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
+name, URL or ``kvstack.io/index-instance`` label equals it. A slow or failing index costs the
+request its tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
 """
 
 from __future__ import annotations
