@@ -51,7 +51,7 @@ class ValkeyIndex:
     def __init__(self, url: str, timeout_s: float = 2.0) -> None:
         self.options = parse_valkey_url(url, timeout_s)
         self.url = self.options.display
-        layout = KeyLayout(self.options.prefix, self.options.buckets)
+        layout = KeyLayout(self.options.prefix, self.options.buckets, self.options.cluster)
         self._reader = IndexReader(layout, self.options)
         self._writer = IndexWriter(layout, self.options)
         self._client: Any = None
@@ -115,9 +115,8 @@ class AsyncValkeyIndex:
     def __init__(self, url: str, timeout_s: float = 0.5) -> None:
         self.options = parse_valkey_url(url, timeout_s)
         self.url = self.options.display
-        self._reader = IndexReader(
-            KeyLayout(self.options.prefix, self.options.buckets), self.options
-        )
+        layout = KeyLayout(self.options.prefix, self.options.buckets, self.options.cluster)
+        self._reader = IndexReader(layout, self.options)
         self._client: Any = None
 
     async def _run(self, commands: list[Command]) -> list[Any]:

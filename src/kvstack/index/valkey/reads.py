@@ -34,15 +34,17 @@ Command = tuple[Any, ...]
 Flow = Generator[list[Command], list[Any], T]
 
 
-def _masks(replies: Sequence[Sequence[bytes | None]], positions: list[int]) -> list[int]:
-    values = [value for reply in replies for value in reply]
-    return [decode_mask(values[p]) for p in positions]
+def _values(replies: Sequence[Sequence[bytes | None]], positions: list[int]) -> list[bytes | None]:
+    """The entries of the keys, in the keys' order, from their buckets' ``MGET`` replies."""
+    values = replies[0] if len(replies) == 1 else [v for reply in replies for v in reply]
+    return [values[p] for p in positions]
 
 
-def _leading_chain(masks: list[int], live: int) -> list[int]:
+def _leading_chain(values: list[bytes | None], live: int) -> list[int]:
+    """Holder masks of the leading keys held by some live location (decoded only that far)."""
     chain = []
-    for mask in masks:
-        mask &= live
+    for raw in values:
+        mask = decode_mask(raw) & live
         if not mask:
             break
         chain.append(mask)
@@ -120,7 +122,7 @@ class IndexReader:
             members = [m for m in chain.members if m.id in live_ids]
             if not members:
                 continue
-            masks = _leading_chain(_masks(mine, positions), view.live_mask)
+            masks = _leading_chain(_values(mine, positions), view.live_mask)
             chains.append(chain._replace(members=members))
             runs.append(chain_runs(masks, answers.lookup_groups(members), view.bits))
         return answers.answer_lookup(answers.LookupPlan(plan.num_tokens, chains), runs)
@@ -136,6 +138,7 @@ class IndexReader:
                 snapshot = yield from self.refresh()
                 continue
             view = live_view(snapshot, state, self.options.ttl_s)
-            masks = dict(zip(request.keys, _masks(replies[1:], positions), strict=True))
+            values = _values(replies[1:], positions)
+            masks = {key: decode_mask(raw) for key, raw in zip(request.keys, values, strict=True)}
             return answers.answer_locate(view.instances, request, _holders(masks, view))
         raise AssertionError("unreachable")

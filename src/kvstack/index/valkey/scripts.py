@@ -125,21 +125,22 @@ end
 return 1
 """
 
-# KEYS: the location's set of held chunks of this bucket, then chunk entries (all one bucket).
-# ARGV: bit, '1' (stored) or '0' (removed), length of the entries' name prefix
+# KEYS: the location's set of held chunks of this bucket. ARGV: bit, '1' (stored) or '0'
+# (removed), length of the entries' name prefix, then the chunk entries (all of this bucket's
+# slot: only the set is declared, so that a cluster client routes by one key, not 1,024).
 APPLY = """
 local bit, held, skip = tonumber(ARGV[1]), KEYS[1], tonumber(ARGV[3])
 local n = 0
 if ARGV[2] == '1' then
-  for i = 2, #KEYS do
-    if redis.call('SETBIT', KEYS[i], bit, 1) == 0 then
+  for i = 4, #ARGV do
+    if redis.call('SETBIT', ARGV[i], bit, 1) == 0 then
       n = n + 1
-      redis.call('SADD', held, string.sub(KEYS[i], skip + 1))
+      redis.call('SADD', held, string.sub(ARGV[i], skip + 1))
     end
   end
 else
-  for i = 2, #KEYS do
-    local k = KEYS[i]
+  for i = 4, #ARGV do
+    local k = ARGV[i]
     if redis.call('GETBIT', k, bit) == 1 then
       n = n + 1
       redis.call('SETBIT', k, bit, 0)

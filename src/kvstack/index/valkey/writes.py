@@ -125,16 +125,7 @@ class IndexWriter:
             held = self.layout.holdings(bucket, bit)
             for start in range(0, len(members), APPLY_BATCH):
                 part = members[start : start + APPLY_BATCH]
-                yield (
-                    "EVAL",
-                    APPLY,
-                    1 + len(part),
-                    held,
-                    *(prefix + k for k in part),
-                    bit,
-                    flag,
-                    len(prefix),
-                )
+                yield ("EVAL", APPLY, 1, held, bit, flag, len(prefix), *[prefix + k for k in part])
 
     # -- upkeep ----------------------------------------------------------------------------
     def maintain(self) -> Flow[list[str]]:
