@@ -27,9 +27,9 @@ from kvstack.cluster.attach import ClusterLink, attach_cluster
 from kvstack.cluster.config import AnnounceConfig, IndexConfig, PeerServerConfig
 from kvstack.kv import KVCache
 from kvstack.router.prefix.shared import LOOKUPS
+from kvstack.router.scheduling.tokenizers import SimPromptTokenizer
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
-from kvstack.router.scheduling.tokenizers import SimPromptTokenizer
 from tests.index.valkey_servers import SentinelSet
 from tests.router.conftest import router_config, serve_router
 
