@@ -110,7 +110,7 @@ def test_a_valkey_that_lost_its_data_is_refilled(tmp_path: Path) -> None:
 
 
 def test_upkeep_cleans_up_after_a_forgotten_engine(redis_server: RedisServer) -> None:
-    url = valkey_index_url(redis_server, ttl_s=0.5, maintain_s=0.1)
+    url = valkey_index_url(redis_server, instance_ttl_s=0.5, maintain_s=0.1)
     prefix = url.partition("prefix=")[2].partition("&")[0]
     raw = redis.Redis(port=redis_server.port)
 

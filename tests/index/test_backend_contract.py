@@ -184,7 +184,7 @@ def test_hand_computed_answers_on_both(twin: Twin) -> None:
 def quick_twin(redis_server: RedisServer) -> Iterator[Twin]:
     """Both backends forgetting an engine silent for 1 s."""
     server = IndexServerThread(IndexServiceConfig(port=free_port(), instance_ttl_s=1.0)).start()
-    url = valkey_index_url(redis_server, ttl_s=1, maintain_s=0.2)
+    url = valkey_index_url(redis_server, instance_ttl_s=1, maintain_s=0.2)
     clients = {"service": open_index(server.url), "valkey": open_index(url)}
     yield Twin(clients)
     for client in clients.values():

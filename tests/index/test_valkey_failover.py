@@ -101,7 +101,7 @@ async def keep_asking(http: aiohttp.ClientSession, url: str, until: asyncio.Even
 async def test_routers_and_peers_ride_through_a_failover(
     sentinel: SentinelSet, fleet: FleetThread
 ) -> None:
-    url = sentinel.url(ttl_s=30)
+    url = sentinel.url(instance_ttl_s=30)
     holder = fleet.urls[1]
     cache_a, link = await asyncio.to_thread(engine_a, url, holder)
     peer = f"peer://?index={quote(url, safe='')}&self=b&locate_ttl_s=0&timeout_s=0.5"

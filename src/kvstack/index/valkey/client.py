@@ -91,7 +91,9 @@ class ValkeyIndex:
             return []
         for instance in gone:
             log.warning(
-                "valkey index: engine %s silent for %.0f s; forgotten", instance, self.options.ttl_s
+                "valkey index: engine %s silent for %.0f s; forgotten",
+                instance,
+                self.options.instance_ttl_s,
             )
         return gone
 

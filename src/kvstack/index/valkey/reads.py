@@ -104,7 +104,7 @@ class IndexReader:
             if state.version != snapshot.version and attempt == 0:
                 snapshot = yield from self.refresh()
                 continue
-            view = live_view(snapshot, state, self.options.ttl_s)
+            view = live_view(snapshot, state, self.options.instance_ttl_s)
             return self._answer_lookup(plan, view, fetches, replies[1:])
         raise AssertionError("unreachable")
 
@@ -137,7 +137,7 @@ class IndexReader:
             if state.version != snapshot.version and attempt == 0:
                 snapshot = yield from self.refresh()
                 continue
-            view = live_view(snapshot, state, self.options.ttl_s)
+            view = live_view(snapshot, state, self.options.instance_ttl_s)
             values = _values(replies[1:], positions)
             masks = {key: decode_mask(raw) for key, raw in zip(request.keys, values, strict=True)}
             return answers.answer_locate(view.instances, request, _holders(masks, view))

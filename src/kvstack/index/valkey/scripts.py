@@ -92,6 +92,8 @@ if not epoch then
 end
 if epoch ~= ARGV[7] or redis.call('HEXISTS', I, inst) == 0 then return {'resync', epoch} end
 if ARGV[8] ~= '*' and redis.call('HGET', Q, inst) ~= ARGV[8] then return {'resync', epoch} end
+local known = redis.call('HGET', L, inst)
+if not known then return {'resync', epoch} end
 redis.call('ZADD', S, now, inst)
 local changed = false
 if redis.call('HGET', I, inst) ~= ARGV[2] then
@@ -103,7 +105,7 @@ if ARGV[3] ~= '' and redis.call('HGET', T, inst) ~= ARGV[3] then
   redis.call('HSET', U, inst, ARGV[5])
   changed = true
 end
-local bits, grew = cjson.decode(redis.call('HGET', L, inst)), false
+local bits, grew = cjson.decode(known), false
 for _, tier in ipairs(cjson.decode(ARGV[4])) do
   if not bits[tier] then
     bits[tier] = alloc(inst .. '\\0' .. tier)

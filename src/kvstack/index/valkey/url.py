@@ -9,8 +9,8 @@ own settings. No third-party imports: config sections check URLs with it.
   Sentinels' own password: ``sentinel_password_env=VAR``; TLS for ``rediss://``:
   ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs=required|none``;
 - the index: ``prefix`` (``kvstack:index:``; one fleet per prefix), ``buckets`` (hash-tagged
-  slots the chunk entries are spread over: 1, or 16 in a cluster), ``ttl_s`` (30: an engine
-  silent for this long is no longer answered), ``max_lookup_tokens``, ``maintain_s`` (5: how
+  slots the chunk entries are spread over: 1, or 16 in a cluster), ``instance_ttl_s`` (30: an
+  engine silent for this long is no longer answered), ``max_lookup_tokens``, ``maintain_s`` (5: how
   often writers expire silent engines and clean up after them);
 - ``timeout_s`` and ``connect_timeout_s`` (default: the client's timeout).
 
@@ -48,7 +48,7 @@ class ValkeyIndexOptions:
     sentinel_password: str | None = field(default=None, repr=False)
     prefix: str = DEFAULT_PREFIX
     buckets: int = 1
-    ttl_s: float = 30.0
+    instance_ttl_s: float = 30.0
     timeout_s: float = 2.0
     connect_timeout_s: float = 2.0
     max_lookup_tokens: int = 1 << 21
@@ -88,7 +88,7 @@ def parse_valkey_url(url: str, timeout_s: float = 2.0) -> ValkeyIndexOptions:
         buckets=_int(
             params.pop("buckets", str(CLUSTER_BUCKETS if cluster else 1)), "buckets", shown, 1, 4096
         ),
-        ttl_s=_float(params.pop("ttl_s", "30"), "ttl_s", shown),
+        instance_ttl_s=_float(params.pop("instance_ttl_s", "30"), "instance_ttl_s", shown),
         timeout_s=_float(params.pop("timeout_s", str(timeout_s)), "timeout_s", shown),
         connect_timeout_s=_float(
             params.pop("connect_timeout_s", str(timeout_s)), "connect_timeout_s", shown

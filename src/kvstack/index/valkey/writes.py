@@ -135,7 +135,10 @@ class IndexWriter:
         (got,) = yield [("SET", lock, uuid.uuid4().hex, b"NX", b"PX", lock_ms)]
         if not got:
             return []
-        ttl_ms, quarantine_ms = int(self.options.ttl_s * 1000), int(self.options.ttl_s * 1000)
+        ttl_ms, quarantine_ms = (
+            int(self.options.instance_ttl_s * 1000),
+            int(self.options.instance_ttl_s * 1000),
+        )
         ((gone, retired),) = yield [
             ("EVAL", EXPIRE, len(self._registry), *self._registry, ttl_ms, quarantine_ms)
         ]
