@@ -15,8 +15,13 @@ from kvstack.index.valkey.url import parse_valkey_url
 
 def test_standalone_defaults() -> None:
     o = parse_valkey_url("redis://10.0.0.5:6380/2")
-    assert (o.seeds, o.db, o.cluster, o.sentinel, o.tls) == ([("10.0.0.5", 6380)], 2, False, "",
-                                                             False)  # fmt: skip
+    assert (o.seeds, o.db, o.cluster, o.sentinel, o.tls) == (
+        [("10.0.0.5", 6380)],
+        2,
+        False,
+        "",
+        False,
+    )
     assert (o.prefix, o.buckets, o.instance_ttl_s) == ("kvstack:index:", 1, 30.0)
 
 
@@ -28,8 +33,8 @@ def test_cluster_sentinel_login_and_tls(monkeypatch: pytest.MonkeyPatch) -> None
     url = ("rediss://kvstack@s1:26379,s2:26379/0?sentinel=main&password_env=IDX_PW"
            "&sentinel_password_env=SENT_PW&ssl_ca_certs=/ca.pem&instance_ttl_s=10")  # fmt: skip
     o = parse_valkey_url(url)
-    assert (o.username, o.password, o.sentinel_password, o.sentinel) == ("kvstack", "s3cret",
-                                                                         "other", "main")  # fmt: skip
+    login = (o.username, o.password, o.sentinel_password, o.sentinel)
+    assert login == ("kvstack", "s3cret", "other", "main")
     assert o.tls and o.ssl == {"ssl_ca_certs": "/ca.pem", "ssl_cert_reqs": "required"}
     assert o.instance_ttl_s == 10.0 and "s3cret" not in repr(o)
 
