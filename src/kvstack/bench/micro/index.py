@@ -161,7 +161,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             procs, url, ports = stack.enter_context(opener())
             joiner = "&" if "?" in url else "?"
-            clients[name] = (open_index(f"{url}{joiner}prefix=bench:", 60), [p.pid for p in procs])
+            index_url = f"{url}{joiner}prefix=bench:&instance_ttl_s=3600"  # as the server's
+            clients[name] = (open_index(index_url, 60), [p.pid for p in procs])
             valkey_ports[name] = ports
         for client, _ in clients.values():
             stack.callback(client.close)
