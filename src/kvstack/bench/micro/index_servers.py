@@ -50,8 +50,8 @@ def index_server() -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
     """``kvstack index-server`` with HTTP and ZMQ: (process, http port, zmq port)."""
     port, zmq_port = free_port(), free_port()
     # The benchmark's engines report in bulk and then go quiet: no expiry during the run.
-    argv = [sys.executable, "-m", "kvstack", "index-server", "--host", "127.0.0.1",
-            "--port", str(port), "--zmq-port", str(zmq_port), "--instance-ttl-s", "3600"]  # fmt: skip
+    argv = [sys.executable, "-m", "kvstack", "index-server", "--host", "127.0.0.1", "--port",
+            str(port), "--zmq-port", str(zmq_port), "--instance-ttl-s", "3600"]  # fmt: skip
     env = {**os.environ, "KVSTACK_LOG_LEVEL": "WARNING"}
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
