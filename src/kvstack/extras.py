@@ -29,6 +29,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "zmq": "server",
     "cbor2": "server",
     "redis": "redis",
+    "hiredis": "redis",
     "boto3": "s3",
     "botocore": "s3",
     "dateutil": "s3",

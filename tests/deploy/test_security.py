@@ -90,12 +90,12 @@ def test_a_named_cluster_secret_is_used_and_none_generated() -> None:
     assert "kv-kvstack-cluster-secret" not in {
         s["metadata"]["name"] for s in of_kind(manifests, "Secret")
     }
-    index = _component(manifests, "-index")
+    router = _component(manifests, "-router")  # the index is in Valkey by default
     assert (
-        _env(index)["KVSTACK_SECURITY_CLUSTER_SECRET_FILE"]["value"]
+        _env(router)["KVSTACK_SECURITY_CLUSTER_SECRET_FILE"]["value"]
         == "/etc/kvstack/cluster-secret/s"
     )
-    volumes = {v["name"]: v for v in index["spec"]["template"]["spec"]["volumes"]}
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
     assert volumes["cluster-secret"]["secret"]["secretName"] == "kv-shared"
 
 
@@ -214,21 +214,21 @@ def test_network_policies_limit_egress_to_what_each_component_calls() -> None:
     manifests = rendered("defaults")
     engine = _policy(manifests, "-engine")
     assert engine["spec"]["policyTypes"] == ["Ingress", "Egress"]
-    assert _egress_targets(engine) == {
-        ("dns", 53),
-        ("engine", 8400),
-        ("index", 8300),
-        ("redis", 6379),
-    }
+    # The index lives in the chart's Valkey by default: engines and the router reach it there.
+    assert _egress_targets(engine) == {("dns", 53), ("engine", 8400), ("redis", 6379)}
     router = _policy(manifests, "-router")
     assert "Egress" in router["spec"]["policyTypes"]
     assert _egress_targets(router) == {
         ("dns", 53),
         ("engine", 8000),
         ("engine", 5557),
-        ("index", 8300),
+        ("redis", 6379),
     }
-    for policy in (_policy(manifests, "-index"), _policy(manifests, "-redis")):
+    served = tuple(render({"index": {"backend": "service"}}))  # the index server instead
+    assert ("index", 8300) in _egress_targets(_policy(served, "-engine"))
+    assert ("index", 8300) in _egress_targets(_policy(served, "-router"))
+    assert ("redis", 6379) not in _egress_targets(_policy(served, "-router"))
+    for policy in (_policy(served, "-index"), _policy(manifests, "-redis")):
         assert "Egress" in policy["spec"]["policyTypes"]
         assert _egress_targets(policy) <= {("dns", 53)}
     # Rules without `to` are exactly the configured extras (HTTPS, the Kubernetes API).
@@ -241,8 +241,8 @@ def test_network_policies_limit_egress_to_what_each_component_calls() -> None:
 
 
 def test_the_metrics_namespace_reaches_only_the_metrics_ports_of_its_scrapers() -> None:
-    manifests = rendered("defaults")
-    for suffix in ("-engine", "-index"):
+    served = tuple(render({"index": {"backend": "service"}}))
+    for manifests, suffix in ((rendered("defaults"), "-engine"), (served, "-index")):
         for rule in _policy(manifests, suffix)["spec"]["ingress"]:
             for peer in rule["from"]:
                 if "namespaceSelector" in peer:

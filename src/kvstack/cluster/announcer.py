@@ -1,4 +1,5 @@
-"""Announcer: reports a :class:`~kvstack.kv.KVCache`'s chunks to the index service.
+"""Announcer: reports a :class:`~kvstack.kv.KVCache`'s chunks to the index (the index server
+or Valkey: :mod:`kvstack.index.backend`, by ``index_url``).
 
 It listens to the cache's tier events (``cache.add_listener``), keeps a mirror of what each
 tier holds, and posts batched deltas every ``interval_s`` (at least every ``heartbeat_s``, so
@@ -23,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from kvstack.cluster.config import AnnounceConfig
 from kvstack.index.auth import announce_token
-from kvstack.index.client import IndexClient
+from kvstack.index.backend import IndexBackend, open_index
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.peer.locator import default_instance_id
@@ -64,7 +65,7 @@ def tier_info(tier: Tier) -> TierInfo:
 
 class Announcer:
     def __init__(
-        self, cache: KVCache, config: AnnounceConfig, client: IndexClient | None = None
+        self, cache: KVCache, config: AnnounceConfig, client: IndexBackend | None = None
     ) -> None:
         if not config.index_url and client is None:
             raise ValueError("the announcer needs index.announce.index_url")
@@ -72,7 +73,7 @@ class Announcer:
         self.instance_id = config.instance_id or default_instance_id()
         keys = cache.keys
         self._token = "" if keys is None else announce_token(keys, self.instance_id)
-        self._client = client or IndexClient(config.index_url, config.timeout_s, keys)
+        self._client = client or open_index(config.index_url, config.timeout_s, keys)
         self._tiers = [t for t in cache.tiers if t.scheme not in NOT_ANNOUNCED]
         self._profile = key_profile(cache)
         self._infos = [tier_info(t) for t in self._tiers]

@@ -33,8 +33,9 @@ def _check_host_port(value: str, what: str) -> str:
 class AnnounceConfig(Section):
     index_url: str = Field(
         default="",
-        description="index server URL, http://index:8300 or zmq://index:8301 (its zmq_port); "
-        "empty: do not announce",
+        description="the cluster KV index: the index server at http://index:8300 or "
+        "zmq://index:8301 (its zmq_port), or Valkey at redis://host:6379 or rediss://host:6379 "
+        "(?cluster=true, ?sentinel=NAME; see docs/cluster-kv.md); empty: do not announce",
     )
     instance_id: str = Field(
         default="", description="this engine's id in the index; empty: hostname:pid"

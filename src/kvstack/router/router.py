@@ -33,6 +33,7 @@ from kvstack.router.scheduling.model_routes import ModelRouter
 from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
 from kvstack.router.scheduling.plugins.base import Plugin, PluginContext
 from kvstack.router.scheduling.scheduler import RoutingScheduler
+from kvstack.router.scheduling.services import prefix_state
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.tenancy import Tenancy
 from kvstack.router.upstream.control import ControlClient
@@ -81,6 +82,11 @@ class Router:
         self.admission: Admission = build_plugin(
             ADMISSIONS.get(config.admission.name), config.admission, self.context
         )
+        if config.prefix.share_url:  # replicas share their soft state (router.prefix.replicas)
+            from kvstack.router.prefix.replicas import ReplicaSync
+
+            prefix = prefix_state(self.context)
+            self.context.services["replicas"] = ReplicaSync(config.prefix, prefix, self.pool)
         # Services the plugins created (prefix state, cost model): shared, started first.
         self.services: list[Any] = list(self.context.services.values())
         self.models = ModelRouter(config.models, config.model_aliases, rng)

@@ -35,6 +35,9 @@
 {{ include "kvstack.awsEnv" (dict "secret" $e.kv.s3.existingSecret) }}
 {{- end }}
 {{- if $root.Values.index.enabled }}
+{{- with include "kvstack.indexEnv" $root }}
+{{ . }}
+{{- end }}
 - name: KVSTACK_INDEX_ANNOUNCE__INDEX_URL
   value: {{ include "kvstack.indexUrl" $root | quote }}
 - name: KVSTACK_INDEX_ANNOUNCE__INSTANCE_ID
