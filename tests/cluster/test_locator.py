@@ -34,7 +34,7 @@ class FlakyIndex:
 @pytest.fixture
 def flaky(monkeypatch: pytest.MonkeyPatch) -> FlakyIndex:
     index = FlakyIndex()
-    monkeypatch.setattr(locator_module, "open_index", lambda url, timeout_s: index)
+    monkeypatch.setattr(locator_module, "open_index", lambda url, timeout_s, keys: index)
     return index
 
 
