@@ -8,7 +8,8 @@
   (``--runner pooling --convert embed``).
 - ``vllm-<version>-all-tasks-openapi.json``: vLLM's own route registration for every task,
   built without an engine: the routes of tasks the toy model cannot run (transcription,
-  classification, render-only servers).
+  classification, render-only servers), and the development routes ``VLLM_SERVER_DEV_MODE=1``
+  adds (cache resets, sleep, RPC).
 
 Run it under the shared vLLM lock on a shared machine; it starts two engines, one at a time.
 """
@@ -45,6 +46,9 @@ def _served(extra_args: list[str], log: Path) -> dict[str, Any]:
 
 
 def _all_tasks() -> dict[str, Any]:
+    import os
+
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # vllm.envs reads it when asked
     from fastapi import FastAPI
     from vllm.entrypoints.launchers.api_server.routers import register_api_routers
     from vllm.entrypoints.pooling.classify.api_router import router as classify
@@ -54,7 +58,7 @@ def _all_tasks() -> dict[str, Any]:
     from vllm.tasks import SupportedTask
 
     app = FastAPI()
-    args = Namespace(enable_fault_tolerance=False, profiler_config=None)
+    args = Namespace(enable_fault_tolerance=True, profiler_config=None)
     app.state.args = args
     register_api_routers(args, app, get_args(SupportedTask), None)
     for router in (pooling, classify, embed, scoring):  # registered only with a model config

@@ -35,7 +35,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             ["cpu://?size=8GiB&policy=lru", "file:///var/cache/kvstack?size=200GiB&policy=lru"],
             False,
         ),
-        ("shared-valkey.yaml", 256, ["cpu://?size=2GiB", "redis://kv-valkey:6379"], True),
+        ("shared-valkey.yaml", 256, ["cpu://?size=2GiB", "redis://kv-valkey:6379"], False),
     ],
 )
 def test_lmcache_config_files_translate(
@@ -91,6 +91,7 @@ def test_lmcache_defaults_decide_the_tiers_it_leaves_out() -> None:
         ({"remote_url": "mooncakestore://m:50051"}, "remote_url.*no kvstack equivalent"),
         ({"lmcache.remote_serde": "cachegen"}, "remote_serde.*lossy"),
         ({"lmcache.save_decode_cache": True}, "save_decode_cache.*prompt chunks only"),
+        ({"lmcache.save_unfull_chunk": True}, "save_unfull_chunk.*full chunks only"),
         ({"lmcache.enable_pd": True, "lmcache.pd_role": "sender"}, "enable_pd.*kv_producer"),
         ({"lmcache.enable_blending": True}, "enable_blending.*CacheBlend"),
         ({"lmcache.cache_policy": "LFU"}, "cache_policy='LFU'"),

@@ -78,6 +78,10 @@ _NO_EQUIVALENT: dict[str, Reason] = {
 }
 # Keys accepted only with the value that asks for what kvstack does anyway.
 _DECODE = "kvstack saves the KV of full prompt chunks only, never of generated tokens"
+_UNFULL = (
+    "kvstack's connector stores full chunks only; a prompt's trailing partial chunk is "
+    "recomputed (it is at most chunk_size - 1 tokens)"
+)
 _LAYERWISE = "kvstack's connector moves whole chunks; there is no layer-wise mode to switch on"
 _LOSSY = (
     "lossy KV compression (CacheGen, KIVI) has no equivalent: kvstack stores exact KV "
@@ -91,10 +95,11 @@ _ONLY_VALUE: dict[str, tuple[Any, Reason]] = {
     "internal_api_server_enabled": (False, _NO_EQUIVALENT["internal_api_server_enabled"]),
     "save_decode_cache": (False, _DECODE),
     "use_layerwise": (False, _LAYERWISE),
+    "save_unfull_chunk": (False, _UNFULL),
     "remote_serde": ("naive", _LOSSY),
 }
 _KEYS = {"chunk_size", "local_cpu", "max_local_cpu_size", "local_disk", "max_local_disk_size",
-         "remote_url", "save_unfull_chunk", "cache_policy", "pre_caching_hash_algorithm",
+         "remote_url", "cache_policy", "pre_caching_hash_algorithm",
          *_NO_EQUIVALENT, *_ONLY_VALUE}  # fmt: skip
 _BOOLS = {"local_cpu", "save_unfull_chunk", "save_decode_cache", "use_layerwise", "py_enable_gc",
           "enable_blending", "enable_p2p", "enable_pd", "enable_controller",
@@ -222,9 +227,6 @@ def _chunk(keys: Mapping[str, Any], kv: dict[str, Any], lines: list[str]) -> Non
     if keys.get("chunk_size") is not None:
         kv["chunk_size"] = keys["chunk_size"]
         lines.append(f"chunk_size={keys['chunk_size']} -> chunk_size")
-    if keys.get("save_unfull_chunk") is not None:
-        kv["save_partial_chunks"] = bool(keys["save_unfull_chunk"])
-        lines.append(f"save_unfull_chunk -> save_partial_chunks={kv['save_partial_chunks']}")
     if keys.get("pre_caching_hash_algorithm") is not None:
         lines.append("pre_caching_hash_algorithm: kvstack's keys are always BLAKE2b-128 of the "
                      "tokens, the same in every process (the value is not needed)")  # fmt: skip

@@ -14,8 +14,9 @@ How a route is served (``Route.kind``):
 - ``stored``: a stored Responses API response: sent to the backend that made it.
 - ``any``: model-less and the same on every engine (``/version``): any usable backend.
 - ``local``: answered by the router itself (``/health``, ``/metrics``, ``/v1/models``).
-- ``engine``: acts on one engine (scaling, profiling, cache resets, LoRA loading); the router
-  does not guess which, and answers 404 naming the route (send it to the engine itself).
+- ``engine``: acts on, or reports about, one engine (scaling, profiling, cache resets, sleep,
+  weight updates, LoRA loading); the router does not guess which, and answers 404 naming the
+  route (send it to the engine itself).
 
 Any path not in the table is forwarded to a backend of its body's ``model``, or answered with
 a 404 in vLLM's shape. Every forwarded route keeps the router's rules: authentication and
@@ -63,7 +64,18 @@ MODEL_PATHS = (
 )  # fmt: skip
 ENGINE_POSTS = (
     "/scale_elastic_ep", "/is_scaling_elastic_ep", "/inference/v1/abort_requests",
-    "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+    "/abort_requests", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+    # development mode (VLLM_SERVER_DEV_MODE=1), RL weight updates, fault tolerance, profiling
+    "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/sleep", "/wake_up",
+    "/release_kv_cache_memory", "/collective_rpc", "/pause", "/resume",
+    "/init_weight_transfer_engine", "/shutdown_weight_transfer_engine", "/start_weight_update",
+    "/start_draft_weight_update", "/finish_weight_update", "/update_weights",
+    "/update_weight_version", "/weight_checker", "/fault_tolerance/apply",
+    "/start_profile", "/stop_profile",
+)  # fmt: skip
+ENGINE_GETS = (
+    "/load", "/kv_event_sources", "/server_info", "/is_sleeping", "/is_paused",
+    "/get_world_size", "/weight_info", "/fault_tolerance/status", "/tokenizer_info",
 )  # fmt: skip
 
 ROUTES: tuple[Route, ...] = (
@@ -81,9 +93,8 @@ ROUTES: tuple[Route, ...] = (
     Route("/ping", ("GET", "POST"), "local"),  # SageMaker's health check
     Route("/metrics", ("GET",), "local"),
     Route("/v1/models", ("GET",), "local"),
-    Route("/load", ("GET",), "engine"),
-    Route("/kv_event_sources", ("GET",), "engine"),
     *_post("engine", *ENGINE_POSTS),
+    *(Route(path, ("GET",), "engine") for path in ENGINE_GETS),
 )
 
 
