@@ -74,3 +74,12 @@ def test_detokenize_inverts_tokenize(url: str) -> None:
     assert tokens["tokens"] == [40, 41]
     text = httpx.post(url + "/detokenize", json={"model": "toy", "tokens": tokens["tokens"]})
     assert text.json() == {"prompt": " t40 t41"}
+
+
+def test_unknown_paths_and_methods_get_vllms_fastapi_answers(url: str) -> None:
+    # vLLM's server is a FastAPI app whose ErrorResponse handler covers FastAPI's own
+    # HTTPException only: a path or method with no route gets FastAPI's {"detail": ...}.
+    missing = httpx.post(url + "/v1/nothing", json={})
+    assert (missing.status_code, missing.json()) == (404, {"detail": "Not Found"})
+    wrong = httpx.get(url + "/v1/completions")
+    assert (wrong.status_code, wrong.json()) == (405, {"detail": "Method Not Allowed"})

@@ -13,11 +13,12 @@ import asyncio
 import os
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -94,7 +95,13 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
         ]
-    return Starlette(routes=routes)
+    # As vLLM's FastAPI app answers a path or method it has no route for: FastAPI's own body.
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    http = cast(HTTPException, exc)  # registered for HTTPException only
+    return _json({"detail": http.detail}, http.status_code)
 
 
 def _permission(created: int) -> list[dict[str, Any]]:
