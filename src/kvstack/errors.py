@@ -133,7 +133,12 @@ class UpstreamError(RouterError):
 
 
 class RequestError(RouterError):
-    """The client's request is refused; rendered as an OpenAI-style error with ``status``."""
+    """The client's request is refused; rendered in vLLM's error shape with ``status``.
+
+    ``code`` is the router's own reason (sent as the ``x-kvstack-error`` header: vLLM's body
+    carries the HTTP status as its code); ``kind`` a vLLM error type, when the status's usual
+    one is not the right one (``kvstack.router.http.responses.error_type``).
+    """
 
     def __init__(
         self,
@@ -141,7 +146,7 @@ class RequestError(RouterError):
         status: int = 400,
         param: str | None = None,
         code: str | None = None,
-        kind: str = "invalid_request_error",
+        kind: str | None = None,
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
@@ -157,7 +162,7 @@ class AuthenticationError(RequestError):
     """The request carries no API key, or one the router does not know."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, 401, code="invalid_api_key", kind="authentication_error")
+        super().__init__(message, 401, code="invalid_api_key")
 
 
 class UnknownModelError(RequestError):

@@ -28,6 +28,7 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "msgspec": "server",
     "zmq": "server",
     "cbor2": "server",
+    "python_multipart": "server",
     "redis": "redis",
     "hiredis": "redis",
     "boto3": "s3",

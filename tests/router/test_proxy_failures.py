@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from tests.router.conftest import RouterFactory, engines, until
 from tests.router.fake_engine import FakeEngine
+from tests.router.vllm_schema import assert_vllm_error
 
 BODY = {"model": "toy", "prompt": "hi"}
 
@@ -58,7 +59,8 @@ async def test_no_retry_left_relays_the_last_5xx_or_a_502(
         await bad.stop()
         await until(lambda: r.router.pool.get(bad.url).healthy is False)  # health checks notice
         status, headers = await _post(http, r.url)
-        assert status == 503 and headers["body"]["error"]["code"] == "no_backend"
+        assert status == 503 and headers["x-kvstack-error"] == "no_backend"
+        assert_vllm_error(headers["body"], 503)
 
 
 async def test_ejection_lease_is_bounded(
@@ -108,7 +110,8 @@ async def test_first_byte_timeout_retries_then_gives_504(
         run_router([only], **timeouts) as r,
     ):
         status, headers = await _post(http, r.url)
-        assert status == 504 and headers["body"]["error"]["code"] == "timeout"
+        assert status == 504 and headers["x-kvstack-error"] == "timeout"
+        assert_vllm_error(headers["body"], 504)
 
 
 async def test_total_timeout_cuts_a_long_stream_with_an_error_event(

@@ -5,10 +5,15 @@ Connector keys (below) are read here; every other key is a ``kv`` section key (`
 YAML file named by ``KVSTACK_CONFIG`` and under ``KVSTACK_KV_*`` environment variables. Unknown
 keys are errors, reported at engine start. ``security`` holds the engine's ``security`` section
 (``{"cluster_secret_file": PATH}``), over the YAML file and under ``KVSTACK_SECURITY_*``.
+
+An LMCache configuration is accepted too (``LMCACHE_CONFIG_FILE``, ``LMCACHE_*`` variables,
+``lmcache.*`` keys): :mod:`kvstack.integrations.lmcache` translates it into ``kv`` keys, logged
+once per process, and refuses a key kvstack has no equivalent for, naming it and why.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Literal, NamedTuple
 
@@ -16,6 +21,7 @@ from pydantic import Field
 
 from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
+from kvstack.integrations.lmcache import environment, lmcache_keys, translate_lmcache
 from kvstack.kv.config import KVConfig
 from kvstack.section import Section, load_section
 from kvstack.security import SecurityConfig
@@ -28,6 +34,9 @@ __all__ = [
     "split_extra_config",
     "transfer_modes",
 ]
+
+log = logging.getLogger(__name__)
+_logged: set[tuple[str, ...]] = set()  # translations already logged by this process
 
 
 class ConnectorSettings(Section):
@@ -98,6 +107,7 @@ class ConnectorSettings(Section):
 
 
 _CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
+_KV_KEYS = set(KVConfig.model_fields)
 
 
 class TransferModes(NamedTuple):
@@ -126,11 +136,34 @@ def security_section(settings: ConnectorSettings) -> SecurityConfig:
 
 
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, KVConfig]:
-    """Split the extra config into connector settings and the ``kv`` section."""
-    extra = dict(extra or {})
+    """Split the extra config into connector settings and the ``kv`` section (an LMCache
+    configuration translated into it)."""
+    extra = _with_lmcache(dict(extra or {}))
     connector = {k: extra.pop(k) for k in list(extra) if k in _CONNECTOR_KEYS}
     try:
         settings = ConnectorSettings.model_validate(connector)
     except ValueError as exc:
         raise ConfigError(f"invalid kvstack connector setting: {exc}") from None
     return settings, load_section("kv", KVConfig, extra)
+
+
+def _with_lmcache(extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` with any LMCache configuration translated into ``kv`` keys."""
+    keys, sources, rest = lmcache_keys(extra, environment(), _CONNECTOR_KEYS | _KV_KEYS)
+    if not keys:
+        return extra
+    translation = translate_lmcache(keys, sources)
+    clashes = sorted(k for k in translation.kv if k in rest and rest[k] != translation.kv[k])
+    if clashes:
+        raise ConfigError(
+            f"both kvstack keys and an LMCache configuration set {clashes}: keep one of them"
+        )
+    lines = (*translation.sources, *translation.lines)
+    if lines not in _logged:
+        _logged.add(lines)
+        log.info(
+            "LMCache configuration (from %s) translated into kvstack's kv section: %s",
+            ", ".join(translation.sources),
+            "; ".join(translation.lines),
+        )
+    return {**rest, **translation.kv}

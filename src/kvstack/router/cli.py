@@ -8,6 +8,9 @@ flags, then ``KVSTACK_ROUTER_*`` environment variables. Examples::
     kvstack router --discovery kubernetes --k8s-selector app=vllm --k8s-namespace llm
     kvstack router --backend http://a:8000 --tokenizer llama=/models/llama \
         --kv-event-source http://a:8000=tcp://a:5557 --admission priority
+
+production-stack's router flags work too (``--service-discovery static --static-backends
+URL,URL --static-models M,M --routing-logic prefixaware``): :mod:`kvstack.router.cli_aliases`.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ConfigError
+from kvstack.router.cli_aliases import add_production_stack_flags, production_stack_settings
 from kvstack.router.config import RouterConfig
 from kvstack.router.scheduling.config import POLICIES
-from kvstack.section import load_section, log_config_once
+from kvstack.section import deep_merge, load_section, log_config_once
 
 if TYPE_CHECKING:
     from kvstack.router.router import Router
@@ -63,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index-url", help="kvstack index server, for kvstack tier credit")
     p.add_argument("--admission", help="admission plugin: immediate or priority")
     p.add_argument("--seed", type=int, help="seed of random choices")
+    add_production_stack_flags(p)
     return p
 
 
@@ -89,6 +94,7 @@ def parse_args(argv: list[str]) -> tuple[RouterConfig, argparse.Namespace]:
     discovery = _discovery(args)
     if discovery:
         data["discovery"] = discovery
+    data = deep_merge(production_stack_settings(args), data)  # kvstack's own flags win
     return load_section("router", RouterConfig, data, path=args.config), args
 
 

@@ -103,6 +103,13 @@ class LimitsConfig(Section):
         default=16 * 2**20, gt=0, description='largest request body; sizes like "16MiB" accepted'
     )
 
+    stored_response_ids: int = Field(
+        default=65536,
+        ge=1,
+        description="Responses API ids remembered with the backend holding each (GET "
+        "/v1/responses/{id}, cancel, previous_response_id reach it); oldest forgotten first",
+    )
+
     @field_validator("max_request_bytes", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:

@@ -139,7 +139,7 @@ class Proxy:
             exchange.upstream_sent_s = time.perf_counter()
             opened = await self.relay.open(
                 backend.url, request.path, attempt.headers, attempt.body, backend.id,
-                request.stream, total,
+                request.stream, total, request.method,
             )  # fmt: skip
             exchange.upstream_first_byte_s = time.perf_counter()
             flight.first_byte(opened.first, exchange.upstream_first_byte_s - request.arrival_s)

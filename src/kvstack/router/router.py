@@ -28,7 +28,7 @@ from kvstack.router.http.auth import ApiKeys
 from kvstack.router.http.responses import ASGIApp
 from kvstack.router.pd.step import PrefillStep
 from kvstack.router.proxy import Proxy
-from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.model_routes import ModelRouter
 from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
 from kvstack.router.scheduling.plugins.base import Plugin, PluginContext
@@ -180,7 +180,7 @@ class Router:
             return self.adapters.resolve(request), body  # registered, no engine has it loaded
         if route.target != request.model:
             request = request.with_target(route.target)
-            body = encode_body({**request.body, "model": route.target})
+            body = request.body_with_model(body, route.target)
         if self.adapters is not None:
             request = self.adapters.resolve(request)
         return request, body

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 from kvstack.errors import RequestError
 from kvstack.router.admission.config import PRIORITIES
 from kvstack.router.config import RouterConfig
-from kvstack.router.request import ADMIN_HEADER, RoutingRequest, encode_body
+from kvstack.router.request import ADMIN_HEADER, GENERATION_ENDPOINTS, RoutingRequest, encode_body
 from kvstack.section import load_section
 from kvstack.security import ClusterKeys, SecurityConfig, load_keys
 
@@ -102,12 +102,14 @@ class Tenancy:
         headers: Mapping[str, str],
         tenant: str | None,
         priority: str | None,
+        salted: bool = True,
     ) -> TenantView:
         """What the router makes of a request while it is parsed (one object is built, no
         copy): privilege decided, priority capped, and for a tenant the derived
-        ``cache_salt`` in the body."""
+        ``cache_salt`` in the body (``salted``: the generation routes, whose prompts vLLM
+        caches)."""
         privileged = self.config.debug_headers or self._is_admin(headers)
-        if tenant is not None:
+        if tenant is not None and salted:
             salt = self.salt(tenant, check_client_salt(body.get("cache_salt")))
             body = {**body, "cache_salt": salt}
         return TenantView(body, self.capped_priority(tenant, priority), privileged)
@@ -118,7 +120,7 @@ class Tenancy:
         tenant's request: its salt). Without a client salt the field is spliced in front of
         the client's bytes instead of re-encoding the body: one copy instead of an encode
         (a 100 KB prompt costs ~10 µs to copy, several times that to encode)."""
-        if request.tenant is None:
+        if request.tenant is None or request.endpoint not in GENERATION_ENDPOINTS:
             return raw
         head = raw.lstrip()
         if b'"cache_salt"' in raw or not head.startswith(b"{"):

@@ -83,7 +83,7 @@ async def test_a_stream_cut_after_the_pick_releases_the_load() -> None:
 async def test_refusals_are_immediate_responses_with_openai_errors() -> None:
     async with engines(FakeEngine("a")) as [a], serve_epp([a]) as epp:
         bad = await epp.envoy.pick("/v1/chat/completions", b"{not json")
-        assert bad.status == 400 and bad.json["error"]["code"] == "invalid_json"
+        assert bad.status == 400 and bad.headers["x-kvstack-error"] == "invalid_json"
         unknown = await epp.envoy.pick("/v1/chat/completions", {**CHAT, "model": "nope"})
         assert unknown.status == 404 and "toy" in unknown.json["error"]["message"]
         half = await epp.envoy.pick("/v1/chat/completions", CHAT, request_mode=STREAMED)
@@ -93,7 +93,7 @@ async def test_refusals_are_immediate_responses_with_openai_errors() -> None:
 async def test_no_usable_endpoint_is_503_as_gie_documents() -> None:
     async with engines(FakeEngine("a", healthy=False)) as [a], serve_epp([a]) as epp:
         answer = await epp.envoy.pick("/v1/chat/completions", CHAT)
-        assert answer.status == 503 and answer.json["error"]["code"] == "no_backend"
+        assert answer.status == 503 and answer.headers["x-kvstack-error"] == "no_backend"
 
 
 async def test_a_bodyless_request_gets_an_endpoint_from_the_headers() -> None:

@@ -28,7 +28,7 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from kvstack.errors import RequestError
-from kvstack.router.http.responses import error_body
+from kvstack.router.http.responses import ERROR_HEADER, error_body
 
 __all__ = [
     "DESTINATION_KEY",
@@ -192,8 +192,11 @@ def immediate(
 
 
 def immediate_error(error: RequestError, details: str) -> ext_proc.ProcessingResponse:
-    """An OpenAI-style error body with the error's status (``Retry-After`` when it has one)."""
+    """vLLM's error body with the error's status, the router's reason in ``x-kvstack-error``
+    as the router's own answers carry it (``Retry-After`` when it has one)."""
     headers: dict[str, Any] = {}
+    if error.code is not None:
+        headers[ERROR_HEADER.decode()] = error.code
     if error.retry_after_s is not None:
         headers["retry-after"] = str(max(1, math.ceil(error.retry_after_s)))
     return immediate(error.status, error_body(error), headers, details)

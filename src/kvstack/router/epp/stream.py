@@ -81,7 +81,7 @@ class ExtProcStream:
         except RequestError as exc:
             responses = self._refuse(exc, exc.status)
         except NoBackendError as exc:
-            error = RequestError(str(exc), 503, code="no_backend", kind="service_unavailable")
+            error = RequestError(str(exc), 503, code="no_backend")
             responses = self._refuse(error, 503)
         return [] if message.observability_mode else responses
 
@@ -123,7 +123,6 @@ class ExtProcStream:
                 "FULL_DUPLEX_STREAMED or BUFFERED",
                 500,
                 code="epp_body_mode",
-                kind="server_error",
             )
         if self.request_mode == _MODES.FULL_DUPLEX_STREAMED:
             return []  # answered with the pick, once the body is in
