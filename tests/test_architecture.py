@@ -22,7 +22,7 @@ SRC = ROOT / "src" / "kvstack"
 
 # Bottom first. A top-level module (kvstack/x.py) or package (kvstack/x/) is one unit.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "section", "metrics", "log", "procs", "registry", "extras", "security"),
+    ("errors", "section", "metrics", "log", "procs", "registry", "extras", "security", "redact"),
     ("kv",),
     ("cluster", "index", "models"),
     ("sim", "lora", "integrations", "deploy"),

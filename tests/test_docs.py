@@ -28,6 +28,7 @@ def test_readme_quick_start_holds_exactly_the_two_commands_ci_runs() -> None:
 def test_docs_the_readme_links_exist() -> None:
     readme = (ROOT / "README.md").read_text()
     for target in ("docs/configuration.md", "docs/cluster-kv.md", "docs/deploy-kubernetes.md",
-                   "docs/benchmarks.md", "docs/structure.md", "examples/"):  # fmt: skip
+                   "docs/benchmarks.md", "docs/structure.md", "docs/migrating.md",
+                   "examples/"):  # fmt: skip
         assert target in readme
         assert (ROOT / target).exists(), target

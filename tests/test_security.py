@@ -99,3 +99,37 @@ def test_binding_beyond_loopback_needs_a_secret_or_an_explicit_opt_out(
     with caplog.at_level(logging.WARNING, logger="kvstack.security"):
         check_bind("0.0.0.0", "the index", None, SecurityConfig(insecure_no_auth=True))
     assert "WITHOUT authentication" in caplog.text
+
+
+def test_the_init_secret_verb_creates_a_0600_secret_and_never_prints_it(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "run" / "cluster-secret"
+    argv = [sys.executable, "-m", "kvstack", "security", "init-secret", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    secret = path.read_text().strip()
+    assert len(secret) >= 64 and secret not in done.stdout + done.stderr
+    keys = load_keys(SecurityConfig(cluster_secret_file=str(path)))
+    assert keys is not None and keys.fingerprint in done.stdout
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert again.returncode == 1 and "not overwritten" in again.stderr
+    assert path.read_text().strip() == secret
+
+
+def test_the_index_token_verb_prints_the_scrapers_credential(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from kvstack.index.auth import bearer_header, check_bearer
+
+    path = write_secret_file(tmp_path / "cluster-secret")
+    argv = [sys.executable, "-m", "kvstack", "security", "index-token", str(path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    token = done.stdout.strip()
+    keys = load_keys(SecurityConfig(cluster_secret_file=str(path)))
+    assert keys is not None and check_bearer(keys, f"Bearer {token}")
+    assert bearer_header(keys) == f"Bearer {token}"
+    assert path.read_text().strip() not in done.stdout

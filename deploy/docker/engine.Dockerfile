@@ -9,6 +9,10 @@ COPY pyproject.toml README.md /src/
 COPY src /src/src
 # torch comes with the image; the kv extra only adds the compression codecs next to it.
 RUN python3 -m pip install --no-cache-dir "/src[kv,server,redis,s3]" \
- && rm -rf /src
+ && rm -rf /src \
+ && useradd --uid 10001 --create-home --home-dir /home/vllm vllm
+
+# The chart runs engines as this user (runAsNonRoot); caches go under its home.
+USER 10001
 
 ENTRYPOINT ["python3", "-m", "vllm.entrypoints.openai.api_server"]

@@ -19,6 +19,7 @@ from kvstack.cluster.config import IndexConfig
 from kvstack.kv.config import KVConfig
 from kvstack.lora.config import LoRAConfig
 from kvstack.router.config import RouterConfig
+from kvstack.router.epp.config import EppConfig
 from kvstack.section import (
     Section,
     deep_merge,
@@ -51,6 +52,7 @@ class KVStackConfig(Section):
 
     kv: KVConfig = Field(default_factory=KVConfig)
     router: RouterConfig = Field(default_factory=RouterConfig)
+    epp: EppConfig = Field(default_factory=EppConfig)
     lora: LoRAConfig = Field(default_factory=LoRAConfig)
     index: IndexConfig = Field(default_factory=IndexConfig)
     sim: SimConfig = Field(default_factory=SimConfig)

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from kvstack.config import KVStackConfig, load_config
+from kvstack.redact import redact_data
 
 __all__ = ["reference_markdown", "run"]
 
@@ -83,7 +84,8 @@ def run(command: str, argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.action == "show":
         cfg = load_config(args.config)
-        print(json.dumps(cfg.model_dump(mode="json"), indent=2, sort_keys=True))
+        shown = redact_data(cfg.model_dump(mode="json"))  # SecretStr is masked by pydantic
+        print(json.dumps(shown, indent=2, sort_keys=True))
     else:
         print(reference_markdown())
     return 0

@@ -7,6 +7,7 @@
      ├── MissingExtraError (ImportError)  an optional dependency is missing; names the extra
      ├── KVError
      │    ├── ChunkFormatError            a stored chunk is truncated, corrupt or foreign
+     │    │    └── ChunkMACError          unsigned, or not signed with this cluster's secret
      │    └── TierError                   a tier I/O failure (the cache degrades it to a miss)
      │         └── PeerProtocolError       a peer sent bytes that are not kvstack's peer protocol
      ├── RouterError
@@ -30,10 +31,13 @@ logged, counted and treated as a miss by :class:`kvstack.kv.KVCache`.
 
 from __future__ import annotations
 
+from kvstack.redact import redact_text
+
 __all__ = [
     "AdapterLoadError",
     "AuthenticationError",
     "ChunkFormatError",
+    "ChunkMACError",
     "ColdStartError",
     "ConfigError",
     "IndexServiceError",
@@ -57,7 +61,12 @@ __all__ = [
 
 
 class KVStackError(Exception):
-    """Base of every error kvstack raises on purpose."""
+    """Base of every error kvstack raises on purpose. Its text never shows a password: a URL
+    credential in the message is masked (:func:`kvstack.redact.redact_text`) wherever the
+    error is printed or logged."""
+
+    def __str__(self) -> str:
+        return redact_text(super().__str__())
 
 
 class ConfigError(KVStackError, ValueError):
@@ -73,7 +82,25 @@ class KVError(KVStackError):
 
 
 class ChunkFormatError(KVError):
-    """A stored chunk failed its header or checksum verification."""
+    """A stored chunk failed its header or checksum verification.
+
+    ``reason`` labels the rejection in ``kvstack_kv_chunks_rejected_total``: ``format`` (a bad
+    or truncated header), ``checksum`` (the payload's XXH3), ``size`` (declared sizes that do
+    not fit the expected layout), ``mac`` (:class:`ChunkMACError`)."""
+
+    reason = "format"
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        if reason is not None:
+            self.reason = reason
+
+
+class ChunkMACError(ChunkFormatError):
+    """A chunk read while a cluster secret is configured carries no MAC, a MAC of another
+    secret, or a MAC that does not match its header and payload: it is a miss."""
+
+    reason = "mac"
 
 
 class TierError(KVError):
@@ -106,7 +133,12 @@ class UpstreamError(RouterError):
 
 
 class RequestError(RouterError):
-    """The client's request is refused; rendered as an OpenAI-style error with ``status``."""
+    """The client's request is refused; rendered in vLLM's error shape with ``status``.
+
+    ``code`` is the router's own reason (sent as the ``x-kvstack-error`` header: vLLM's body
+    carries the HTTP status as its code); ``kind`` a vLLM error type, when the status's usual
+    one is not the right one (``kvstack.router.http.responses.error_type``).
+    """
 
     def __init__(
         self,
@@ -114,11 +146,11 @@ class RequestError(RouterError):
         status: int = 400,
         param: str | None = None,
         code: str | None = None,
-        kind: str = "invalid_request_error",
+        kind: str | None = None,
         retry_after_s: float | None = None,
     ) -> None:
         super().__init__(message)
-        self.message = message
+        self.message = redact_text(message)  # sent to the client
         self.status = status
         self.param = param
         self.code = code
@@ -130,7 +162,7 @@ class AuthenticationError(RequestError):
     """The request carries no API key, or one the router does not know."""
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, 401, code="invalid_api_key", kind="authentication_error")
+        super().__init__(message, 401, code="invalid_api_key")
 
 
 class UnknownModelError(RequestError):

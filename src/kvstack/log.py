@@ -1,20 +1,42 @@
-"""Process-level logging setup for the ``kvstack`` command."""
+"""Process-level logging setup for the ``kvstack`` command; every line it writes is redacted."""
 
 from __future__ import annotations
 
 import logging
 import os
 
-__all__ = ["setup_logging"]
+from kvstack.redact import redact_text
+
+__all__ = ["IncidentLogger", "RedactingFilter", "setup_logging"]
+
+_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter after which a record shows no URL password: its message (with its
+    arguments merged in) and its traceback go through :func:`kvstack.redact.redact_text`, so
+    a third-party library logging a connection URL is covered too."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
 
 
 def setup_logging(level: str | None = None) -> None:
+    """Log to stderr at ``level`` (``KVSTACK_LOG_LEVEL``, else INFO); every handler of the root
+    logger gets a :class:`RedactingFilter`."""
     level = (level or os.environ.get("KVSTACK_LOG_LEVEL") or "INFO").upper()
-    logging.basicConfig(
-        level=level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    logging.basicConfig(level=level, format=_FORMAT, datefmt="%H:%M:%S")
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
     if logging.getLevelName(level) != logging.DEBUG:
         # httpx logs every request at INFO: health checks, index calls and adapter loads
         # would flood the log of a busy router.

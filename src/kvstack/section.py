@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from kvstack.errors import ConfigError
+from kvstack.redact import redact_data
 
 __all__ = [
     "CONFIG_ENV",
@@ -76,8 +77,9 @@ _logged: set[str] = set()
 
 
 def log_config_once(name: str, section: BaseModel) -> None:
-    """Log the effective config of a component once per process (secrets masked by pydantic)."""
-    text = json.dumps(section.model_dump(mode="json"), sort_keys=True)
+    """Log the effective config of a component once per process: ``SecretStr`` values masked
+    by pydantic, URL passwords in plain strings by :func:`kvstack.redact.redact_data`."""
+    text = json.dumps(redact_data(section.model_dump(mode="json")), sort_keys=True)
     if f"{name}:{text}" in _logged:
         return
     _logged.add(f"{name}:{text}")

@@ -29,13 +29,15 @@ import ipaddress
 import logging
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field
 
 from kvstack.errors import ConfigError
-from kvstack.section import Section
+from kvstack.section import Section, load_section
 
 __all__ = [
     "MIN_SECRET_BYTES",
@@ -45,6 +47,7 @@ __all__ = [
     "check_bind",
     "is_loopback",
     "load_keys",
+    "load_security",
     "write_secret_file",
 ]
 
@@ -60,6 +63,7 @@ PURPOSES = frozenset(
         "announce",  # engines' announcements (bound to their instance id)
         "chunk-mac",  # the MAC every stored chunk carries
         "tenant-salt",  # the router's per-tenant cache salts
+        "epp",  # the bearer token a gateway sends to the endpoint picker (ext_proc metadata)
     }
 )
 
@@ -86,6 +90,10 @@ class ClusterKeys:
 
     _current: bytes = field(repr=False)
     _previous: bytes | None = field(default=None, repr=False)
+    # purpose -> (current key, previous key or None): derived once, read on hot paths
+    _derived: dict[str, tuple[bytes, bytes | None]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         for secret in (self._current, self._previous):
@@ -94,16 +102,26 @@ class ClusterKeys:
                     f"a cluster secret needs at least {MIN_SECRET_BYTES} bytes, got {len(secret)}"
                 )
 
+    def _pair(self, purpose: str) -> tuple[bytes, bytes | None]:
+        pair = self._derived.get(purpose)
+        if pair is None:
+            previous = None if self._previous is None else _derive(self._previous, purpose)
+            pair = self._derived[purpose] = (_derive(self._current, purpose), previous)
+        return pair
+
     def key(self, purpose: str) -> bytes:
         """The current 32-byte key for ``purpose``: what new MACs and tokens are made with."""
-        return _derive(self._current, purpose)
+        return self._pair(purpose)[0]
 
     def verifiers(self, purpose: str) -> tuple[bytes, ...]:
         """Keys a MAC or token may verify under: the current one, then the previous one."""
-        keys = [_derive(self._current, purpose)]
-        if self._previous is not None:
-            keys.append(_derive(self._previous, purpose))
-        return tuple(keys)
+        current, previous = self._pair(purpose)
+        return (current,) if previous is None else (current, previous)
+
+    @property
+    def rotating(self) -> bool:
+        """Whether a previous secret is still accepted."""
+        return self._previous is not None
 
     def mac(self, purpose: str, *parts: bytes, size: int = 16) -> bytes:
         """A ``size``-byte keyed BLAKE2b MAC over ``parts`` with the current key."""
@@ -139,6 +157,16 @@ def load_keys(config: SecurityConfig) -> ClusterKeys | None:
     if config.previous_secret_file is not None:
         previous = _read_secret(config.previous_secret_file, "security.previous_secret_file")
     return ClusterKeys(current, previous)
+
+
+def load_security(
+    data: Mapping[str, Any] | None = None, path: str | Path | None = None
+) -> tuple[SecurityConfig, ClusterKeys | None]:
+    """The ``security`` section (YAML named by ``KVSTACK_CONFIG`` or ``path``, then ``data``,
+    then ``KVSTACK_SECURITY_*``) and the keys it names: what every component calls when it is
+    not handed keys."""
+    config = load_section("security", SecurityConfig, data, path=path)
+    return config, load_keys(config)
 
 
 def is_loopback(host: str) -> bool:

@@ -115,12 +115,16 @@ def test_busy_server_answers_at_once_instead_of_queueing() -> None:
 def test_bad_requests(lender: tuple[CPUTier, PeerServer]) -> None:
     _, server = lender
     with socket.create_connection(("127.0.0.1", server.port), timeout=2) as s:
+        hello = protocol.parse_hello(s.recv(protocol.HELLO.size, socket.MSG_WAITALL))
+        assert hello.auth == protocol.AUTH_NONE  # no secret: no challenge (loopback only)
         s.sendall(b"GET / HTTP/1.1\r\n\r\n")
+        answer = protocol.parse_answer(s.recv(protocol.ANSWER.size, socket.MSG_WAITALL))
+        assert answer.status == protocol.BAD_REQUEST  # not the protocol: told why, then closed
+        assert b"not a peer request" in s.recv(answer.num, socket.MSG_WAITALL)
         try:
-            answer = s.recv(64)
+            assert s.recv(1) == b""
         except ConnectionResetError:  # closed with our unread bytes still queued
-            answer = b""
-        assert answer == b""  # not the protocol: closed without an answer
+            pass
     client = PeerClient(f"127.0.0.1:{server.port}")
     with pytest.raises(protocol.ProtocolError, match="max_keys_per_request"):
         client.get(keys(1) * 5000, [None] * 5000)

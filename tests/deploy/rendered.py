@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
+from unittest import mock
+from urllib.parse import urlsplit
 
 from kvstack.deploy.chart import CHART_DIR, ChartManifest, load_values, render_chart
+from kvstack.index.valkey.url import parse_valkey_url
 
 REPO = CHART_DIR.parents[2]
 EXAMPLES = sorted((REPO / "deploy" / "examples").glob("*.yaml"))
@@ -71,3 +75,20 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 def flag(args: list[str], name: str) -> str | None:
     """The value after ``name`` in an argument list, or None."""
     return args[args.index(name) + 1] if name in args else None
+
+
+def assert_index_reachable(
+    url: str, services: dict[str, dict[str, Any]], env: dict[str, str]
+) -> None:
+    """The index URL names a Service of this release and a port it serves (the index server's,
+    or the chart's Valkey), or an external Valkey; a Valkey URL is one kvstack accepts, and a
+    password it reads from the environment is in ``env`` (the pod's variables)."""
+    parts = urlsplit(url)
+    if parts.scheme == "redis":
+        with mock.patch.dict(os.environ, {"VALKEY_INDEX_PASSWORD": "placeholder"}):
+            options = parse_valkey_url(url)
+        assert (options.prefix and options.password is None) or "VALKEY_INDEX_PASSWORD" in env
+        if parts.hostname not in services:
+            return  # an external Valkey (index.valkey.url or redis.url)
+    ports = [p["port"] for p in services[str(parts.hostname)]["spec"]["ports"]]
+    assert (parts.port or 6379) in ports

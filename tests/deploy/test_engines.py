@@ -26,6 +26,7 @@ from kvstack.section import parse_size
 from kvstack.stack.vllm_server import connector_config
 from tests.deploy.rendered import (
     NAMESPACE,
+    assert_index_reachable,
     container,
     engine_deployments,
     flag,
@@ -194,9 +195,7 @@ def test_index_settings_validate_and_point_at_the_index_service(
         if not index.announce.index_url:
             assert not any(t.startswith("peer://") for t in _tiers(d))
             continue
-        host_port = index.announce.index_url.removeprefix("http://")
-        host, _, port = host_port.partition(":")
-        assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
+        assert_index_reachable(index.announce.index_url, services, env)
         assert index.announce.served_model_names == [flag(args, "--served-model-name")]
         for tier in _tiers(d):
             if tier.startswith("peer://"):

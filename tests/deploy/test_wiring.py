@@ -3,8 +3,10 @@ autoscaling, network policies, secrets, and the template checks that refuse unsa
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
@@ -16,6 +18,7 @@ from kvstack.deploy.promql import metric_names_in
 from tests.deploy.rendered import (
     NAMESPACE,
     VLLM_LIST,
+    assert_index_reachable,
     container,
     engine_deployments,
     flag,
@@ -25,6 +28,8 @@ from tests.deploy.rendered import (
 )
 
 SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|API_KEY|ADMIN_KEY|REGISTRY_URL|ACCESS_KEY")
+# The Secrets the chart generates when the values name none (random, never from values).
+GENERATED = ("-cluster-secret", "-api-keys", "-engine-api-key", "-redis-password")
 
 
 def pod_labels(workload: dict[str, Any]) -> dict[str, str]:
@@ -71,8 +76,11 @@ def test_router_finds_the_index_and_the_engines_kv_events(
     prefix = router_config(manifests).router.prefix
     services = {s["metadata"]["name"]: s for s in of_kind(manifests, "Service")}
     if prefix.index_url:
-        host, _, port = prefix.index_url.removeprefix("http://").partition(":")
-        assert int(port) in [p["port"] for p in services[host]["spec"]["ports"]]
+        (router,) = [w for w in workloads(manifests) if w["metadata"]["name"].endswith("-router")]
+        env = {v["name"]: "" for v in container(router).get("env", [])}
+        assert_index_reachable(prefix.index_url, services, env)
+        is_service = prefix.index_url.startswith("http://")
+        assert any(name.endswith("-index") for name in services) == is_service
     else:
         assert not any(name.endswith("-index") for name in services)
     for d in engine_deployments(manifests):
@@ -166,17 +174,18 @@ def test_only_router_and_prometheus_reach_the_engines_http_port(
             continue
         for peer in rule["from"]:
             pods = peer.get("podSelector", {}).get("matchLabels", {})
-            assert router_labels.items() <= pods.items() or (
-                "namespaceSelector" in peer and "podSelector" not in peer
-            )
+            # the router, or the scrapers: a namespace selector (narrowed by a pod selector)
+            assert router_labels.items() <= pods.items() or "namespaceSelector" in peer
 
 
 # -- secrets ---------------------------------------------------------------------------------------
 def test_secrets_only_come_from_secret_refs(manifests: tuple[ChartManifest, ...]) -> None:
-    assert not of_kind(manifests, "Secret")
+    for secret in of_kind(manifests, "Secret"):  # only the chart's generated ones, kept
+        assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert secret["metadata"]["name"].endswith(GENERATED), secret["metadata"]["name"]
     for w in workloads(manifests):
         for var in container(w).get("env", []):
-            if SECRET_NAME.search(var["name"]):
+            if SECRET_NAME.search(var["name"]) and not var["name"].endswith("_FILE"):
                 assert "secretKeyRef" in var.get("valueFrom", {}), var["name"]
     for config_map in of_kind(manifests, "ConfigMap"):
         text = yaml.safe_dump(config_map.get("data", {}))
@@ -253,4 +262,106 @@ def test_valkey_keeps_freed_reply_pages_for_large_values(password: str) -> None:
     (valkey,) = of_kind(manifests, "StatefulSet")
     env = {e["name"]: e for e in container(valkey)["env"]}
     assert env["JE_MALLOC_CONF"]["value"] == env["MALLOC_CONF"]["value"] == "dirty_decay_ms:-1"
-    assert ("REDIS_PASSWORD" in env) == bool(password)
+    source = env["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"]  # a password either way
+    assert source == (password or "kv-kvstack-redis-password")
+
+
+def _eviction(valkey: dict[str, Any]) -> str:
+    """The ``--maxmemory-policy`` in Valkey's start script."""
+    match = re.search(r"--maxmemory-policy (\S+)", " ".join(container(valkey)["args"]))
+    assert match, container(valkey)["args"]
+    return match.group(1)
+
+
+# -- the cluster KV index: in Valkey by default, the index server on request --------------------
+def _tiers(deployment: dict[str, Any]) -> list[str]:
+    raw = flag(container(deployment)["args"], "--kv-transfer-config")
+    return [] if raw is None else list(json.loads(raw)["kv_connector_extra_config"]["tiers"])
+
+
+def _index_urls(manifests: tuple[ChartManifest, ...]) -> set[str]:
+    """Every index URL the release's processes use: the router's, each engine's announce
+    setting and each peer tier's ``index`` parameter."""
+    urls = {router_config(manifests).router.prefix.index_url or ""}
+    for d in engine_deployments(manifests):
+        for var in container(d).get("env", []):
+            if var["name"] == "KVSTACK_INDEX_ANNOUNCE__INDEX_URL":
+                urls.add(var["value"])
+        urls |= {parse_qs(urlsplit(t).query)["index"][0] for t in _tiers(d) if "peer:" in t}
+    return urls
+
+
+def test_the_index_is_in_valkey_whenever_valkey_is_enabled() -> None:
+    manifests = rendered("defaults")
+    (url,) = _index_urls(manifests)
+    # The chart's Valkey always has a password (generated unless named).
+    assert (
+        url
+        == "redis://kv-kvstack-redis:6379/0?prefix=kvstack:index:&password_env=VALKEY_INDEX_PASSWORD"
+    )
+    assert not [
+        d for d in of_kind(manifests, "Deployment") if d["metadata"]["name"].endswith("-index")
+    ]
+    (valkey,) = of_kind(manifests, "StatefulSet")
+    assert _eviction(valkey) == "volatile-lru"
+    tiers = [t for d in engine_deployments(manifests) for t in _tiers(d) if t.startswith("redis:")]
+    assert tiers and all(parse_qs(urlsplit(t).query)["ttl_s"] == ["604800"] for t in tiers)
+    policies = {p["metadata"]["name"]: p for p in of_kind(manifests, "NetworkPolicy")}
+    froms = policies["kv-kvstack-redis"]["spec"]["ingress"][0]["from"]
+    components = {f["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for f in froms}
+    assert components == {"engine", "router"}
+
+
+def test_the_index_server_on_request_or_without_valkey() -> None:
+    for values in ({"index": {"backend": "service"}}, {"redis": {"mode": "none"}}):
+        manifests = tuple(render(values))
+        (url,) = _index_urls(manifests)
+        assert url == "http://kv-kvstack-index:8300"
+        assert [
+            d for d in of_kind(manifests, "Deployment") if d["metadata"]["name"].endswith("-index")
+        ]
+        for valkey in of_kind(manifests, "StatefulSet"):
+            assert _eviction(valkey) == "allkeys-lru"
+
+
+def test_the_valkey_index_reads_its_password_from_a_secret() -> None:
+    manifests = rendered("all-features")
+    (url,) = _index_urls(manifests)
+    assert url.endswith("&password_env=VALKEY_INDEX_PASSWORD")
+    for w in workloads(manifests):
+        if pod_labels(w)["app.kubernetes.io/component"] in ("router", "engine"):
+            env = {v["name"]: v for v in container(w)["env"]}
+            ref = env["VALKEY_INDEX_PASSWORD"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "redis-auth", "key": "password"}
+
+
+def test_an_external_valkey_keeps_the_index_parameters_apart_from_the_tiers() -> None:
+    values = {"redis": {"mode": "external", "url": "redis://v1:7000,v2:7001/0?cluster=true&prefix=kv:&ttl_s=60"},
+              "index": {"valkey": {"params": "buckets=32"}}}  # fmt: skip
+    (url,) = _index_urls(tuple(render(values)))
+    assert url == "redis://v1:7000,v2:7001/0?prefix=kvstack:index:&cluster=true&buckets=32"
+
+
+def test_the_router_may_reach_the_valkey_holding_the_index_and_it_has_a_password() -> None:
+    """The hardened chart limits the router's egress and always sets a Valkey password: with
+    the index in the chart's Valkey the router reaches it and authenticates."""
+    manifests = rendered("defaults")
+    policies = {p["metadata"]["name"]: p for p in of_kind(manifests, "NetworkPolicy")}
+    egress = policies["kv-kvstack-router"]["spec"]["egress"]
+    targets = [
+        to["podSelector"]["matchLabels"].get("app.kubernetes.io/component")
+        for rule in egress
+        for to in rule.get("to", [])
+        if "podSelector" in to and "matchLabels" in to["podSelector"]
+    ]
+    assert "redis" in targets and "index" not in targets
+    (url,) = _index_urls(manifests)
+    assert "password_env=VALKEY_INDEX_PASSWORD" in url
+    router = next(
+        w for w in workloads(manifests) if pod_labels(w)["app.kubernetes.io/component"] == "router"
+    )
+    env = {v["name"]: v for v in container(router)["env"]}
+    assert (
+        env["VALKEY_INDEX_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"]
+        == "kv-kvstack-redis-password"
+    )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 from tests.conftest import free_port
 
-__all__ = ["acomplete", "complete", "metric_total", "start_engine", "wait_metric"]
+__all__ = [
+    "Answer",
+    "acomplete",
+    "agenerate",
+    "chunk_files",
+    "complete",
+    "first_disagreement",
+    "generate",
+    "metric_total",
+    "start_engine",
+    "wait_metric",
+]
 
 
 def start_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServer:
@@ -83,3 +96,87 @@ def wait_metric(
         if value >= at_least or time.monotonic() > deadline:
             return value
         time.sleep(0.2)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A greedy answer with the logprob of each token and the top two candidates per position."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    top: list[dict[int, float]]
+
+
+def _answer_body(prompt: list[int], max_tokens: int, extra: dict[str, Any]) -> dict[str, Any]:
+    return _body(
+        prompt, "toy", max_tokens, {"logprobs": 2, "return_tokens_as_token_ids": True, **extra}
+    )
+
+
+def _answer(response: httpx.Response) -> Answer:
+    response.raise_for_status()
+    choice = response.json()["choices"][0]
+    logprobs = choice["logprobs"]
+    top = [_by_token_id(candidates) for candidates in logprobs["top_logprobs"]]
+    return Answer(choice["token_ids"], [float(x) for x in logprobs["token_logprobs"]], top)
+
+
+def generate(server: VLLMServer, prompt: list[int], max_tokens: int = 8, **extra: Any) -> Answer:
+    """Greedy completion with logprobs (top two per position, keyed by token id)."""
+    body = _answer_body(prompt, max_tokens, extra)
+    return _answer(httpx.post(f"{server.url}/v1/completions", json=body, timeout=600))
+
+
+async def agenerate(
+    client: httpx.AsyncClient,
+    server: VLLMServer,
+    prompt: list[int],
+    max_tokens: int = 8,
+    **extra: Any,
+) -> Answer:
+    """:func:`generate` on an async client (requests sent together really are concurrent)."""
+    body = _answer_body(prompt, max_tokens, extra)
+    return _answer(await client.post(f"{server.url}/v1/completions", json=body, timeout=600))
+
+
+def _by_token_id(candidates: dict[str, float]) -> dict[int, float]:
+    # vLLM keys top logprobs by token text; "token_id:N" with return_tokens_as_token_ids.
+    return {int(k.removeprefix("token_id:")): float(v) for k, v in candidates.items()}
+
+
+def first_disagreement(
+    reference: Answer, other: Answer, logprob_tol: float, near_tie: float
+) -> str | None:
+    """Why ``other`` does not compute what ``reference`` computes, or None.
+
+    Batch composition changes the last bits of CPU numerics, so two correct runs may flip a
+    near-tie (a random toy model has many): the answers must agree token for token, with
+    logprobs within ``logprob_tol``, up to a first divergence where the reference's top two
+    candidates were within ``near_tie`` of each other and ``other`` chose the second. After
+    that the contexts differ and nothing is compared. Wrong KV fails this at once: it moves
+    logprobs far more than the tolerance and flips tokens that are not ties."""
+    for i, (want, got) in enumerate(zip(reference.token_ids, other.token_ids, strict=False)):
+        gap = abs(reference.logprobs[i] - other.logprobs[i])
+        if want == got:
+            if gap > logprob_tol:
+                return f"position {i}: logprob {other.logprobs[i]} vs {reference.logprobs[i]}"
+            continue
+        top = reference.top[i]
+        second = top.get(got)
+        if second is None or top[want] - second > near_tie:
+            return f"position {i}: token {got} (ref logprob {second}) replaced {want} ({top[want]})"
+        return None
+    if len(reference.token_ids) != len(other.token_ids):
+        return f"lengths {len(other.token_ids)} vs {len(reference.token_ids)}"
+    return None
+
+
+def chunk_files(server_log: Path, kv_dir: Path, tokens: list[int], chunk: int) -> list[Path]:
+    """The file-tier paths of ``tokens``' chunks, keyed as the engine keys them (its namespace
+    is in its log: ``namespace model ...``)."""
+    from kvstack.kv.keys import Namespace, chunk_keys
+
+    match = re.search(r"namespace model (\S+)", server_log.read_text())
+    assert match, f"no namespace in {server_log}"
+    seed = Namespace(match.group(1), "float16").digest()
+    return [kv_dir / k.hex()[:2] / f"{k.hex()}.kvc" for k in chunk_keys(tokens, seed, chunk)]

@@ -2,8 +2,8 @@
 
 kvstack must extend vLLM's prefix cache, not replace it: a repeat within vLLM's cache never
 touches kvstack, and once vLLM has lost the blocks kvstack serves them. Under memory pressure
-requests are preempted and resumed, and clients disconnect mid-stream; answers stay identical
-to an unhurried run and the connector keeps no state for requests that are gone.
+requests are preempted and resume from kvstack, and clients disconnect mid-stream; answers
+agree with an unhurried run and the connector keeps no state for requests that are gone.
 """
 
 from __future__ import annotations
@@ -20,13 +20,26 @@ import pytest
 
 from kvstack.bench.micro.vllm_probe import reset_prefix_cache
 from kvstack.stack.vllm_server import VLLMServer, connector_config
-from tests.e2e.engines import acomplete, complete, metric_total, start_engine, wait_metric
+from tests.e2e.engines import (
+    Answer,
+    agenerate,
+    complete,
+    first_disagreement,
+    generate,
+    metric_total,
+    start_engine,
+    wait_metric,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 HITS = "kvstack_connector_hit_tokens_total"
 PREEMPTED = "kvstack_connector_preempted_requests_total"
 RESUMED = "kvstack_connector_resumed_requests_total"
+RECOVERIES = "kvstack_connector_preemption_recoveries_total"
+# Measured between correct runs under different batch compositions: logprob gaps up to ~1e-3.
+LOGPROB_TOL = 0.02
+NEAR_TIE = 0.02
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -65,26 +78,28 @@ def test_kvstack_serves_only_what_vllm_no_longer_holds(engine: VLLMServer) -> No
 
 
 def test_preemption_with_loaded_prompts(engine: VLLMServer) -> None:
-    """Three requests whose prompts come from kvstack outgrow the KV budget and get preempted.
+    """Three requests whose prompts come from kvstack outgrow the KV budget and get preempted;
+    the preempted ones resume from the chunks kvstack saved, generated tokens included.
 
-    Each grows to 4000 tokens (32 of the 48 blocks), so any two of them running side by side for
-    a while must preempt: the test does not depend on the three arriving in the same step.
-    Before any preemption can happen (the three together still fit the 48 blocks up to 1048
-    generated tokens each), answers equal the unhurried ones token for token: the loaded KV is
-    right under concurrency. After preemption, vLLM 0.32 itself no longer answers
-    bit-identically whenever *any* KV connector is configured (a no-op connector shows the same
-    late divergence), so past that point the test asserts that every request completes in full.
+    Each grows to 4000 tokens (32 of the 48 blocks), so any two of them running side by side
+    for a while must preempt. The reference is each request answered alone. Batch composition
+    changes the last bits of the CPU build's numerics, and the random toy model has many
+    near-ties, so a correct run may flip one: every answer must agree with its reference
+    token for token and logprob for logprob (within ``LOGPROB_TOL``) up to a first divergence
+    that is a near-tie of the reference (its top two within ``NEAR_TIE``), over all 3000
+    tokens, before and after the preemption. Wrong KV, loaded or recovered, moves logprobs by
+    far more and flips tokens that are not ties.
 
     The requests go out together from one event loop, but the engine may still run them one
     after another (seen on a busy two-core host: one running, none waiting); then nothing is
     preempted and the round is repeated, up to three rounds.
     """
-    safe, total = 1024, 3000  # 3 x (1000 + 1048) tokens = 48 x 128: no preemption before `safe`
+    total = 3000
     prompts = [prompt(1000, seed=10 + i) for i in range(3)]
-    # Greedy decoding: the first `safe` tokens do not depend on max_tokens.
-    alone = [complete(engine, p, max_tokens=safe, ignore_eos=True) for p in prompts]
+    alone = [generate(engine, p, max_tokens=total, ignore_eos=True) for p in prompts]
     preempted_before = metric_total(engine, PREEMPTED)
     resumed_before = metric_total(engine, RESUMED)
+    recoveries_before = metric_total(engine, RECOVERIES)
     rounds: list[str] = []
     for _ in range(3):
         reset_prefix_cache(engine)
@@ -92,8 +107,10 @@ def test_preemption_with_loaded_prompts(engine: VLLMServer) -> None:
         vllm_preemptions = metric_total(engine, "vllm:num_preemptions_total")
         hits = metric_total(engine, HITS)
         together, finished = asyncio.run(_together(engine, prompts, total))
-        assert [len(t) for t in together] == [total] * 3
-        assert [t[:safe] for t in together] == alone
+        assert [len(t.token_ids) for t in together] == [total] * 3
+        for i, (want, got) in enumerate(zip(alone, together, strict=True)):
+            problem = first_disagreement(want, got, LOGPROB_TOL, NEAR_TIE)
+            assert problem is None, f"request {i}: {problem}"
         assert wait_metric(engine, HITS, hits + 3 * 768) >= hits + 3 * 768  # prompts loaded
         # The connector counts the preemptions vLLM's scheduler hands it each step. vLLM's own
         # counter, built from per-request events, is reported beside it.
@@ -104,19 +121,21 @@ def test_preemption_with_loaded_prompts(engine: VLLMServer) -> None:
             break
     else:
         pytest.fail(f"no preemption in {len(rounds)} rounds: {rounds}")
-    # Every preempted request was scheduled again (all three completed).
+    # Every preempted request was scheduled again (all three completed), and resumed with KV
+    # from kvstack for the chunks vLLM's own cache no longer held.
     want = resumed_before + metric_total(engine, PREEMPTED) - preempted_before
     assert wait_metric(engine, RESUMED, want) == want
+    assert metric_total(engine, RECOVERIES) > recoveries_before
 
 
 async def _together(
     engine: VLLMServer, prompts: list[list[int]], max_tokens: int
-) -> tuple[list[list[int]], list[float]]:
-    """Greedy completions of ``prompts`` sent at once; the answers and when each finished."""
+) -> tuple[list[Answer], list[float]]:
+    """Greedy answers to ``prompts`` sent at once, and when each finished."""
     start = time.monotonic()
 
-    async def timed(client: httpx.AsyncClient, tokens: list[int]) -> tuple[list[int], float]:
-        out = await acomplete(client, engine, tokens, max_tokens=max_tokens, ignore_eos=True)
+    async def timed(client: httpx.AsyncClient, tokens: list[int]) -> tuple[Answer, float]:
+        out = await agenerate(client, engine, tokens, max_tokens=max_tokens, ignore_eos=True)
         return out, round(time.monotonic() - start, 1)
 
     async with httpx.AsyncClient() as client:

@@ -128,7 +128,7 @@ def ask(sock: zmq.Socket[bytes], frames: list[bytes]) -> list[bytes]:
         ([b"1", b"lookup", encode({"model": "toy", "tokens_u32": b"abc"})], "multiple of 4"),
         ([b"1", b"locate", encode({"keys": "nope"})], "Expected `array`"),
         ([b"1", b"events", encode({"instance": "a"})], "missing required field `profile`"),
-        ([b"1", b"lookup"], "expected 3 frames (request id, operation, body), got 2"),
+        ([b"1", b"lookup"], "expected 3 or 4 frames (request id, operation, body[, auth]), got 2"),
     ],
 )
 def test_invalid_requests_get_the_reason_and_the_server_keeps_serving(

@@ -329,3 +329,20 @@ def test_events_carry_tier_names() -> None:
         cache.add_listener(seen.append)
         cache.store(list(range(4)), kv_for(list(range(4))))
     assert {e.tier for e in seen} == {"cpu", "cpu1"}
+
+
+def test_from_config_reads_the_security_section_and_bounds_reads_by_the_layout(
+    tmp_path: Path,
+) -> None:
+    from kvstack.kv.format import MAX_CHUNK_BYTES
+    from kvstack.security import write_secret_file
+
+    secret = write_secret_file(tmp_path / "cluster-secret")
+    config = {"model": "m", "chunk_size": 16, "tiers": [f"file://{tmp_path}/kv?size=4MiB"]}
+    with KVCache.from_config(config, security={"cluster_secret_file": str(secret)}) as cache:
+        assert cache.trust.sealed and cache.tiers[0].trust is cache.trust
+        assert cache.trust.max_chunk_bytes == MAX_CHUNK_BYTES  # no layout known yet
+        cache.store(list(range(32)), torch.zeros(3, 2, 32, 2, 8, dtype=torch.float16))
+        assert cache.trust.max_chunk_bytes == 3 * 2 * 16 * 2 * 8 * 2  # one chunk of it
+    with KVCache.from_config(config) as plain:
+        assert not plain.trust.sealed

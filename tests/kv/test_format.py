@@ -21,6 +21,7 @@ from kvstack.kv.format import (
     payload_checksum,
 )
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.seal import ChunkSealer, SealFields
 from kvstack.kv.tensors import byte_view, dtype_name, torch_dtype
 from kvstack.kv.tiers.file import chunkfile
 
@@ -35,28 +36,37 @@ def _chunk(
     return (torch.randn(shape, generator=g) * 3).to(dtype)
 
 
-def _write(root: Path, chunk: torch.Tensor, compression: str = "none", key: ChunkKey = KEY) -> Path:
+def _write(
+    root: Path,
+    chunk: torch.Tensor,
+    compression: str = "none",
+    key: ChunkKey = KEY,
+    sealer: ChunkSealer | None = None,
+) -> Path:
     raw = byte_view(chunk)
     stored = compress(raw, compression)
     dtype, shape = dtype_name(chunk.dtype), tuple(chunk.shape)
 
-    def header_for(checksum: int) -> bytes:
-        return encode_header(key, dtype, shape, stored, len(raw), compression, checksum)
+    def header_for(checksum: int, seal: SealFields | None) -> bytes:
+        return encode_header(key, dtype, shape, stored, len(raw), compression, checksum, seal)
 
     path = chunkfile.chunk_path(root, key)
     (root / chunkfile.TMP_DIR).mkdir(parents=True, exist_ok=True)
     chunkfile.write_chunk_file(
-        path, chunkfile.temp_path(root, key), stored, header_for, fsync=False
-    )
+        path, chunkfile.temp_path(root, key), stored, header_for, fsync=False, sealer=sealer,
+        key=key,
+    )  # fmt: skip
     return path
 
 
-def _read(path: Path, like: torch.Tensor, key: ChunkKey = KEY) -> torch.Tensor:
+def _read(
+    path: Path, like: torch.Tensor, key: ChunkKey = KEY, sealer: ChunkSealer | None = None
+) -> torch.Tensor:
     out = torch.empty_like(like)
     with open(path, "rb", buffering=0) as f:
         header = chunkfile.read_header(f, key)
         assert header.dtype == dtype_name(like.dtype) and header.shape == tuple(like.shape)
-        chunkfile.read_payload_into(f, header, byte_view(out))
+        chunkfile.read_payload_into(f, header, byte_view(out), sealer)
     return out
 
 
@@ -116,8 +126,8 @@ def test_any_bit_flip_is_detected(tmp_path_factory: pytest.TempPathFactory, comp
     path = _write(root, chunk, compression)
     data = bytearray(path.read_bytes())
     index = min(int(position * len(data)), len(data) - 1)
-    if HEADER_BYTES - 12 <= index < HEADER_BYTES:
-        return  # header padding: not covered by checksums and never read
+    if 108 <= index < HEADER_BYTES:
+        return  # padding and the (unset) MAC tag: not covered by checksums and never read
     data[index] ^= 1 << bit
     path.write_bytes(bytes(data))
     with pytest.raises(ChunkFormatError):
@@ -132,7 +142,7 @@ def test_foreign_files_and_wrong_keys_are_rejected(tmp_path: Path) -> None:
     for junk in (
         b"\x89PNG\r\n\x1a\n" + bytes(200),
         os.urandom(HEADER_BYTES + 64),
-        b"KVSC" + bytes(92),
+        b"KVSC" + bytes(HEADER_BYTES - 4),
     ):
         path.write_bytes(junk)
         with pytest.raises(ChunkFormatError):
@@ -155,5 +165,5 @@ def test_decompress_failures_are_format_errors() -> None:
     with pytest.raises(ChunkFormatError, match="lz4 payload does not decompress"):
         decompress(b"not lz4 at all", "lz4", 100)
     good = compress(memoryview(bytes(1000)), "zstd")
-    with pytest.raises(ChunkFormatError, match="decompressed 1000 bytes, header says 999"):
+    with pytest.raises(ChunkFormatError, match="decompresses to more than the 999 bytes"):
         decompress(good, "zstd", 999)

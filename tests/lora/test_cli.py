@@ -137,3 +137,98 @@ def test_kvstack_command_dispatches(env: dict[str, str]) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ADAPTER@VERSION")
+
+
+def _register_args(src: Path, version: str) -> list[str]:
+    return ["register", str(src), "--id", "bot", "--version", version, "--base-model", "toy",
+            "--tenant", "acme", "--tier", "gold"]  # fmt: skip
+
+
+def test_promoting_an_unsigned_version_is_refused_and_force_needs_no_trusted_key(
+    env: dict[str, str],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The finding, tried as a new user would: ``promote`` made an unsigned version stable."""
+    keys = tmp_path / "keys"
+    assert run("adapters", ["keygen", "--out", str(keys)]) == 0
+    for version in ("1", "2"):
+        src = synthetic_adapter(tmp_path / "sources" / version, seed=int(version))
+        assert run("adapters", _register_args(src, version)) == 0
+    assert run("adapters", ["sign", "bot@1", "--key", str(keys / "signing-key.pem")]) == 0
+    capsys.readouterr()
+    assert run("adapters", ["promote", "bot@2"]) == 1
+    err = capsys.readouterr().err
+    assert "unsigned" in err and "bot@2" in err
+    assert run("adapters", ["canary", "bot@2", "--percent", "10"]) == 1
+    assert "unsigned" in capsys.readouterr().err
+    assert run("adapters", ["promote", "bot@2", "--force"]) == 1  # a key is trusted: sign it
+    assert "--force is refused while lora.trusted_keys" in capsys.readouterr().err
+    assert run("adapters", ["sign", "bot@2", "--key", str(keys / "signing-key.pem")]) == 0
+    capsys.readouterr()
+    assert run("adapters", ["promote", "bot@2"]) == 0
+    assert json.loads(capsys.readouterr().out)["stable_version"] == "2"
+    assert run("adapters", ["audit", "bot"]) == 0
+    audit = capsys.readouterr().out
+    assert "promote" in audit and "reject" in audit and "unsigned" in audit
+
+    # Without a trusted key, --force is the explicit way to release unsigned versions.
+    monkeypatch.setenv("KVSTACK_LORA_TRUSTED_KEYS", "[]")
+    src = synthetic_adapter(tmp_path / "sources" / "3", seed=3)
+    assert run("adapters", _register_args(src, "3")) == 0
+    capsys.readouterr()
+    assert run("adapters", ["promote", "bot@3"]) == 1
+    assert "unsigned" in capsys.readouterr().err
+    assert run("adapters", ["promote", "bot@3", "--force"]) == 0
+    assert json.loads(capsys.readouterr().out)["stable_version"] == "3"
+    assert run("adapters", ["audit", "bot", "--limit", "1"]) == 0
+    assert "forced: released without verification" in capsys.readouterr().out
+
+
+def test_a_tampered_artifact_or_an_old_signature_is_refused_at_promote(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvstack.lora.registry import AdapterRegistry
+
+    keys = tmp_path / "keys"
+    assert run("adapters", ["keygen", "--out", str(keys)]) == 0
+    for version in ("1", "2", "3"):
+        src = synthetic_adapter(tmp_path / "sources" / version, seed=int(version))
+        assert run("adapters", _register_args(src, version)) == 0
+        assert (
+            run("adapters", ["sign", f"bot@{version}", "--key", str(keys / "signing-key.pem")]) == 0
+        )
+    registry = AdapterRegistry(env["KVSTACK_LORA_REGISTRY_URL"])
+    stored = registry.get("bot", "2").artifact_uri.removeprefix("file://")
+    weights = Path(stored) / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\x00\x00\x00\x01")
+    capsys.readouterr()
+    assert run("adapters", ["promote", "bot@2"]) == 1
+    assert "digest_mismatch" in capsys.readouterr().err
+    # A signature of the first format (bare base64) is refused with how to re-sign.
+    v3 = registry.get("bot", "3")
+    registry.set_signature("bot", "3", v3.signature.partition(":")[2], v3.signer)
+    assert run("adapters", ["promote", "bot@3"]) == 1
+    err = capsys.readouterr().err
+    assert "old_signature_format" in err and "re-sign it: kvstack adapters sign bot@3" in err
+
+
+def test_keygen_creates_the_private_key_0600_and_never_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_chmod(*_: object, **__: object) -> None:
+        raise AssertionError("the key was chmod'ed after it was written")
+
+    monkeypatch.setattr(os, "chmod", no_chmod)
+    monkeypatch.setattr(Path, "chmod", no_chmod)
+    old = os.umask(0)  # a permissive umask must not widen the key's mode
+    try:
+        assert run("adapters", ["keygen", "--out", str(tmp_path)]) == 0
+    finally:
+        os.umask(old)
+    assert (tmp_path / "signing-key.pem").stat().st_mode & 0o777 == 0o600
+    before = (tmp_path / "signing-key.pem").read_bytes()
+    assert run("adapters", ["keygen", "--out", str(tmp_path)]) == 1
+    assert "never overwrites" in capsys.readouterr().err
+    assert (tmp_path / "signing-key.pem").read_bytes() == before

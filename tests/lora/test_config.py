@@ -14,6 +14,7 @@ from kvstack.lora.facts import FACT_TYPES, AdapterFacts
 CONFIG_LEVEL = {
     "kvstack",
     "kvstack.errors",
+    "kvstack.redact",
     "kvstack.section",
     "kvstack.lora",
     "kvstack.lora.config",

@@ -96,6 +96,24 @@ def test_release_lifecycle(registry_url: str) -> None:
         resolver.resolve("acme-support")
 
 
+def test_revert_takes_a_failing_release_out_of_service_once(registry_url: str) -> None:
+    reg = AdapterRegistry(registry_url)
+    for v in ("1", "2", "3"):
+        reg.add(version(v))
+    assert reg.revert("acme-support", "1") is None  # stable, nothing to go back to: kept
+    reg.promote("acme-support", "2")
+    reg.canary("acme-support", "3", 20.0)
+    ended = reg.revert("acme-support", "3")  # a failing canary is ended
+    assert ended is not None and (ended.canary_version, ended.stable_version) == (None, "2")
+    assert reg.get("acme-support", "3").status is Status.STAGED
+    back = reg.revert("acme-support", "2")  # a failing stable version gives way
+    assert back is not None and (back.stable_version, back.rollback_to) == ("1", None)
+    assert reg.get("acme-support", "1").status is Status.ACTIVE
+    assert reg.get("acme-support", "2").status is Status.STAGED
+    assert reg.revert("acme-support", "2") is None  # a second router finds it done
+    assert reg.revert("unknown", "1") is None
+
+
 def test_bad_names_and_percent(registry_url: str) -> None:
     reg = AdapterRegistry(registry_url)
     for bad in ("../x", "a b", "a@b", "", "a/b"):

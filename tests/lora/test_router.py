@@ -190,6 +190,14 @@ async def _budgets_tenants_classes(url: str, control: LoRAControl, fleet: FleetT
         answer = await strict.completions.create(model="strict-bot", prompt="hi", max_tokens=2)
         assert answer.model == "strict-bot@1"
 
+        # /v1/models: each tenant sees its own adapters only, although the engines list both
+        # (loaded under their engine names) and the router reads those lists.
+        for client, mine, theirs in ((acme, "shared-bot", "strict-bot"),
+                                     (strict, "strict-bot", "shared-bot")):  # fmt: skip
+            listed = {m.id for m in (await client.models.list()).data}
+            assert mine in listed and "toy-base" in listed
+            assert theirs not in listed and not any("@" in m for m in listed), listed
+
         # Another tenant's adapter does not exist for this key.
         with pytest.raises(openai.NotFoundError, match="does not exist"):
             await strict.completions.create(model="shared-bot", prompt="hi", max_tokens=2)
@@ -274,7 +282,7 @@ async def test_prefill_decode_with_a_managed_adapter(
         load_time_prior_s={"warm": 0.05, "cold": 0.2},
     )  # fmt: skip
     pd_models = {"models": ["toy-base"], "min_remote_prefill_tokens": 16}
-    config = router_config(fleet.urls, adapters={"enabled": True}, pd=pd_models)
+    config = router_config(fleet.urls, adapters={"enabled": True}, pd=pd_models, debug_headers=True)
     config.backends[0].role, config.backends[1].role = "prefill", "decode"
     prefill_url, decode_url = fleet.urls
     prefilled: list[str] = []
@@ -326,3 +334,48 @@ async def test_prefill_decode_with_a_managed_adapter(
             assert control.manager.metrics.invariants == NO_VIOLATIONS
         finally:
             await client.close()
+
+
+async def test_a_tampered_stable_version_rolls_back_and_the_previous_one_serves(
+    plane: ControlPlane,
+    sources: Path,
+    keypair: tuple[Path, Path],
+    fleet: FleetThread,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The finding: once a stable version failed verification (a tampered file), every
+    request fell back to the base model instead of to the last good version."""
+    from prometheus_client import REGISTRY
+
+    for version, seed in (("1", 11), ("2", 12)):
+        _register(plane, sources, keypair, "guarded", version=version, seed=seed)
+    plane.promote("guarded", "2", actor="test")  # it verifies now
+    stored = Path(plane.registry.get("guarded", "2").artifact_uri.removeprefix("file://"))
+    weights = stored / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\x7f")  # altered after the release
+    control = _control(plane, fleet, tmp_path, load_time_prior_s={"warm": 0.05, "cold": 0.2})
+    config = router_config(fleet.urls, adapters={"enabled": True})
+    rollbacks = {"adapter": "guarded", "reason": "digest_mismatch"}
+    before = REGISTRY.get_sample_value("kvstack_lora_auto_rollbacks_total", rollbacks) or 0.0
+    async with serve_router(config, Router(config, lora=control)) as running:
+        client = openai.AsyncOpenAI(base_url=f"{running.url}/v1", api_key="x", max_retries=0)
+        try:
+            for _ in range(2):
+                raw = await client.completions.with_raw_response.create(
+                    model="guarded", prompt="hello", max_tokens=2
+                )
+                assert raw.parse().model == "guarded@1"  # the previous version, not the base
+                assert "x-kvstack-adapter-fallback" not in raw.headers
+        finally:
+            await client.close()
+    release = plane.registry.release("guarded")
+    assert release is not None and release.stable_version == "1"
+    assert plane.registry.get("guarded", "2").status.value == "staged"
+    (entry,) = plane.audit.entries("guarded", "auto_rollback")
+    assert (entry.actor, entry.version) == ("manager", "2") and "digest_mismatch" in entry.reason
+    after = REGISTRY.get_sample_value("kvstack_lora_auto_rollbacks_total", rollbacks)
+    assert after == before + 1
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert any("guarded@2 failed verification" in m and "1 is stable now" in m for m in logged)
+    assert control.manager.metrics.invariants == NO_VIOLATIONS

@@ -99,6 +99,22 @@ def test_signatures_unsigned_foreign_and_forged(
     assert err.value.reason == "bad_signature"
 
 
+def test_the_signature_covers_tenant_and_base_model_revision(
+    plane: ControlPlane, sources: Path, keypair: tuple[Path, Path]
+) -> None:
+    """The finding: signatures did not cover the tenant or the base-model revision, so a
+    version signed for one tenant verified as another's."""
+    register(plane, synthetic_adapter(sources / "a"), base_model_revision="r1")
+    signed = plane.sign("acme-support", "1", keypair[0], actor="test")
+    assert signed.signature.startswith("v2:")
+    plane.verifier.trusted.verify(signed)
+    for change in ({"tenant_id": "globex"}, {"base_model_revision": "r2"},
+                   {"adapter_id": "acme-sales"}, {"base_model": "other"}):  # fmt: skip
+        with pytest.raises(VerificationError) as err:
+            plane.verifier.trusted.verify(dataclasses.replace(signed, **change))
+        assert err.value.reason == "bad_signature", change
+
+
 def test_wrong_base_model_is_rejected(plane: ControlPlane, sources: Path) -> None:
     other = dataclasses.replace(TINY_DIMS, name="wide", hidden_size=256, head_dim=128)
     with pytest.raises(VerificationError) as err:

@@ -28,9 +28,11 @@ from tests.conftest import free_port
 
 @dataclass
 class Seen:
-    path: str
+    path: str  # with the query, for the routes the echo handler answers
     body: dict[str, Any]
     headers: dict[str, str]
+    method: str = "POST"
+    raw: bytes = b""
 
 
 @dataclass
@@ -50,6 +52,8 @@ class FakeEngine:
     running_requests: float = 0.0
     waiting_requests: float = 0.0
     kv_usage: float = 0.0
+    running_adapters: list[str] = field(default_factory=list)  # vllm:lora_requests_info
+    max_loras: int = 4
     seen: list[Seen] = field(default_factory=list)
     disconnects: int = 0
     in_progress: int = 0
@@ -66,6 +70,8 @@ class FakeEngine:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/responses", self._responses)
+        app.router.add_route("*", "/{tail:.*}", self._echo)  # every other route of vLLM's
         return app
 
     async def start(self) -> FakeEngine:
@@ -106,12 +112,18 @@ class FakeEngine:
             f'vllm:num_requests_waiting{{model_name="{model}"}} {self.waiting_requests}\n'
             f'vllm:kv_cache_usage_perc{{model_name="{model}"}} {self.kv_usage}\n'
         )
+        if self.running_adapters:
+            running = ",".join(self.running_adapters)
+            text += (
+                f'vllm:lora_requests_info{{max_lora="{self.max_loras}",'
+                f'running_lora_adapters="{running}",waiting_lora_adapters=""}} 1\n'
+            )
         return web.Response(text=text, content_type="text/plain")
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.seen.append(
-            Seen(request.path, body, {k.lower(): v for k, v in request.headers.items()})
+            Seen(request.path_qs, body, {k.lower(): v for k, v in request.headers.items()})
         )
         self.in_progress += 1
         try:
@@ -171,6 +183,37 @@ class FakeEngine:
             self.disconnects += 1
             raise
         return response
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        """Any other route: recorded, and answered with what arrived."""
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw and request.content_type == "application/json" else {}
+        except ValueError:
+            body = {}
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.seen.append(Seen(request.path_qs, body, headers, request.method, raw))
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return web.json_response({"error": {"message": "boom"}}, status=self.fail_status)
+        echo = {"engine": self.name, "method": request.method, "path": request.path_qs}
+        return web.json_response({"echo": echo, "model": body.get("model")})
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses``: an answer with a fresh response id (streamed or not)."""
+        body = await request.json()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        self.seen.append(Seen(request.path_qs, body, headers))
+        response = {"id": f"resp_{self.name}{len(self.seen)}", "object": "response",
+                    "model": body.get("model"), "engine": self.name}  # fmt: skip
+        if not body.get("stream"):
+            return web.json_response(response)
+        stream = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await stream.prepare(request)
+        created = {"type": "response.created", "response": response}
+        await stream.write(b"event: response.created\ndata: " + json.dumps(created).encode())
+        await stream.write(b"\n\nevent: response.completed\ndata: {}\n\n")
+        return stream
 
     async def _hang(self, request: web.Request) -> web.Response:
         # aiohttp gives a handler no disconnect event; the transport state is all there is.

@@ -1,9 +1,13 @@
-"""A fake Kubernetes API server: pod list and watch, enough for the official client.
+"""A fake Kubernetes API server: pod and custom-resource list and watch, enough for the
+official client.
 
 ``GET /api/v1/namespaces/{ns}/pods`` lists (with ``labelSelector`` of ``k=v`` pairs) or, with
 ``watch=true``, streams JSON-lines events newer than ``resourceVersion`` until
-``timeoutSeconds``. Tests change pods with ``put``/``delete``; ``silent=True`` changes the state
-without an event (a watch that missed it), ``compact()`` makes old versions answer 410 Gone.
+``timeoutSeconds``. ``GET /apis/{group}/{version}/namespaces/{ns}/{plural}`` does the same for
+custom resources (``CustomObjectsApi``); a group/version/plural no object was ever put under
+answers 404, as for a CRD that is not installed. Tests change objects with ``put``/``delete``;
+``silent=True`` changes the state without an event (a watch that missed it), ``compact()``
+makes old versions answer 410 Gone.
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class FakeKube:
         self.port = free_port()
         self.version = 1
         self.compacted = 0
-        self.pods: dict[str, dict[str, Any]] = {}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {"pods": {}}  # collection -> name
         self.events: list[tuple[int, str, dict[str, Any]]] = []
         self.num_lists = 0
         self._changed = asyncio.Condition()
@@ -63,26 +67,45 @@ class FakeKube:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def put(self, obj: dict[str, Any], silent: bool = False) -> None:
-        kind = "MODIFIED" if obj["metadata"]["name"] in self.pods else "ADDED"
-        await self._change(kind, obj, silent)
+    @property
+    def pods(self) -> dict[str, dict[str, Any]]:
+        return self.objects["pods"]
 
-    async def delete(self, name: str, silent: bool = False) -> None:
-        await self._change("DELETED", self.pods[name], silent)
+    async def put(self, obj: dict[str, Any], silent: bool = False, plural: str = "") -> None:
+        """Create or replace a pod, or a custom object of ``plural`` (its apiVersion's)."""
+        collection = self._collection(obj, plural)
+        kind = (
+            "MODIFIED" if obj["metadata"]["name"] in self.objects.get(collection, {}) else "ADDED"
+        )
+        await self._change(kind, obj, silent, collection)
+
+    async def delete(self, name: str, silent: bool = False, collection: str = "pods") -> None:
+        await self._change("DELETED", self.objects[collection][name], silent, collection)
+
+    def install(self, api_version: str, plural: str) -> None:
+        """A CRD with no objects yet: its collection lists empty instead of answering 404."""
+        self.objects.setdefault(f"{api_version}/{plural}", {})
+
+    @staticmethod
+    def _collection(obj: dict[str, Any], plural: str) -> str:
+        return f"{obj['apiVersion']}/{plural}" if plural else "pods"
 
     def compact(self) -> None:
         self.compacted = self.version
 
-    async def _change(self, kind: str, obj: dict[str, Any], silent: bool) -> None:
+    async def _change(
+        self, kind: str, obj: dict[str, Any], silent: bool, collection: str = "pods"
+    ) -> None:
         self.version += 1
         obj = json.loads(json.dumps(obj))
         obj["metadata"]["resourceVersion"] = str(self.version)
+        objects = self.objects.setdefault(collection, {})
         if kind == "DELETED":
-            self.pods.pop(obj["metadata"]["name"])
+            objects.pop(obj["metadata"]["name"])
         else:
-            self.pods[obj["metadata"]["name"]] = obj
+            objects[obj["metadata"]["name"]] = obj
         if not silent:
-            self.events.append((self.version, kind, obj))
+            self.events.append((self.version, kind, {**obj, "_collection": collection}))
         async with self._changed:
             self._changed.notify_all()
 
@@ -90,6 +113,7 @@ class FakeKube:
     async def running(self) -> AsyncIterator[FakeKube]:
         app = web.Application()
         app.router.add_get("/api/v1/namespaces/{ns}/pods", self._pods)
+        app.router.add_get("/apis/{group}/{version}/namespaces/{ns}/{plural}", self._custom)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -104,21 +128,37 @@ class FakeKube:
         return all(labels.get(k) == v for k, v in pairs)
 
     async def _pods(self, request: web.Request) -> web.StreamResponse:
+        return await self._collection_answer(request, "pods", "PodList", "v1")
+
+    async def _custom(self, request: web.Request) -> web.StreamResponse:
+        info = request.match_info
+        api_version = f"{info['group']}/{info['version']}"
+        collection = f"{api_version}/{info['plural']}"
+        if collection not in self.objects:
+            return web.json_response({"kind": "Status", "code": 404}, status=404)
+        return await self._collection_answer(request, collection, "List", api_version)
+
+    async def _collection_answer(
+        self, request: web.Request, collection: str, list_kind: str, api_version: str
+    ) -> web.StreamResponse:
         selector = request.query.get("labelSelector", "")
         if request.query.get("watch") in ("true", "True", "1"):
-            return await self._watch(request, selector)
+            return await self._watch(request, selector, collection)
         self.num_lists += 1
-        items = [p for p in self.pods.values() if self._selected(p, selector)]
+        objects = self.objects[collection].values()
+        items = [p for p in objects if self._selected(p, selector)]
         return web.json_response(
             {
-                "kind": "PodList",
-                "apiVersion": "v1",
+                "kind": list_kind,
+                "apiVersion": api_version,
                 "metadata": {"resourceVersion": str(self.version)},
                 "items": items,
             }
         )
 
-    async def _watch(self, request: web.Request, selector: str) -> web.StreamResponse:
+    async def _watch(
+        self, request: web.Request, selector: str, collection: str = "pods"
+    ) -> web.StreamResponse:
         since = int(request.query.get("resourceVersion") or 0)
         deadline = asyncio.get_running_loop().time() + float(request.query.get("timeoutSeconds", 5))
         response = web.StreamResponse(headers={"content-type": "application/json"})
@@ -128,8 +168,10 @@ class FakeKube:
             await response.write(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
             return response
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
-            for version, kind, obj in self.events:
-                if version > since and self._selected(obj, selector):
+            for version, kind, event in self.events:
+                obj = {k: v for k, v in event.items() if k != "_collection"}
+                mine = event["_collection"] == collection and self._selected(obj, selector)
+                if version > since and mine:
                     await response.write(json.dumps({"type": kind, "object": obj}).encode() + b"\n")
             since = max([since] + [v for v, _, _ in self.events])
             async with self._changed:

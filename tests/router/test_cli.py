@@ -40,3 +40,57 @@ def test_cli_refuses_to_start_without_backends(capsys: pytest.CaptureFixture[str
     assert exit_info.value.code == 2
     assert run("router", ["--backend", "ftp://x"]) == 2
     assert "must look like http://host:port" in capsys.readouterr().err
+
+
+def test_production_stack_flags_are_aliases(caplog: pytest.LogCaptureFixture) -> None:
+    argv = [
+        "--service-discovery", "static",
+        "--static-backends", "http://a:8000,http://b:8000",
+        "--static-models", "llama,qwen",
+        "--static-aliases", "gpt-4o:llama",
+        "--routing-logic", "prefixaware",
+        "--session-key", "X-User-Id",
+        "--engine-stats-interval", "15",
+        "--max-instance-failover-reroute-attempts", "2",
+        "--request-stats-window", "60",
+        "--log-stats",
+    ]  # fmt: skip
+    config, _ = parse_args(argv)
+    assert [(b.url, b.models) for b in config.backends] == [
+        ("http://a:8000", ["llama"]),
+        ("http://b:8000", ["qwen"]),
+    ]
+    assert (config.policy, config.session_header) == ("prefix", "x-user-id")
+    assert config.model_aliases == {"gpt-4o": "llama"}
+    assert (config.scrape.interval_s, config.retry.max_attempts) == (15, 3)
+    assert "--request-stats-window is ignored" in caplog.text
+    for logic, policy in [("roundrobin", "round_robin"), ("session", "session"),
+                          ("kvaware", "ttft")]:  # fmt: skip
+        config, _ = parse_args(["--static-backends", "http://a:1", "--routing-logic", logic])
+        assert config.policy == policy
+    k8s, _ = parse_args(
+        ["--service-discovery", "k8s", "--k8s-label-selector", "model=llama",
+         "--k8s-namespace", "llm", "--k8s-port", "8000"]
+    )  # fmt: skip
+    assert k8s.discovery.kind == "kubernetes"
+    kube = k8s.discovery.kubernetes
+    assert (kube.label_selector, kube.namespace, kube.port) == ("model=llama", "llm", 8000)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--static-backends", "http://a:1,http://b:1", "--static-models", "m"], "one per backend"),
+        (["--static-models", "m"], "needs --static-backends"),
+        (["--routing-logic", "disaggregated_prefill"], "router.pd.models"),
+        (["--dynamic-config-json", "c.json"], "--dynamic-config-json has no kvstack equivalent"),
+        (["--lmcache-controller-port", "9000"], "--index-url"),
+        (["--routing-logic", "session", "--policy", "prefix"], "contradicts --policy"),
+        (["--service-discovery", "k8s", "--discovery", "static"], "contradicts --discovery"),
+    ],
+)
+def test_production_stack_flags_without_an_equivalent_say_why(
+    argv: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_args(argv)

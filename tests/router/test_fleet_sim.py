@@ -158,7 +158,8 @@ async def test_overload_sheds_sheddable_and_serves_critical(
 ) -> None:
     reset(fleet)
     admission = {"name": "priority", "args": {"saturation": {"max_pending": 2}}}
-    async with run_router(fleet.urls, **overrides(fleet, admission=admission)) as r:
+    granted = {"default_max_priority": "critical"}
+    async with run_router(fleet.urls, **overrides(fleet, admission=admission, **granted)) as r:
         await until(lambda: all(s.engine is not None for s in r.router.pool.states()))
         long = [complete(http, r.url, words(40000 + 4000 * i, 4000)) for i in range(12)]
         flood = asyncio.gather(*long)

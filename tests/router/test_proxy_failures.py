@@ -10,6 +10,7 @@ from prometheus_client import REGISTRY
 
 from tests.router.conftest import RouterFactory, engines, until
 from tests.router.fake_engine import FakeEngine
+from tests.router.vllm_schema import assert_vllm_error
 
 BODY = {"model": "toy", "prompt": "hi"}
 
@@ -23,7 +24,8 @@ async def test_5xx_before_first_byte_is_retried_elsewhere_and_the_backend_ejecte
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
     bad, good = FakeEngine("bad", fail_next=1000), FakeEngine("good")
-    async with engines(bad, good), run_router([bad, good], policy="round_robin") as r:
+    debug = {"debug_headers": True}  # the decision header shows the attempt number
+    async with engines(bad, good), run_router([bad, good], policy="round_robin", **debug) as r:
         results = [await _post(http, r.url) for _ in range(8)]
     assert all(status == 200 for status, _ in results)
     assert all(h["body"]["choices"][0]["text"] == "from good" for _, h in results)
@@ -55,9 +57,10 @@ async def test_no_retry_left_relays_the_last_5xx_or_a_502(
         status, headers = await _post(http, r.url)
         assert status == 503 and headers["body"] == {"error": {"message": "boom"}}
         await bad.stop()
-        await asyncio.sleep(0.3)  # health checks notice
+        await until(lambda: r.router.pool.get(bad.url).healthy is False)  # health checks notice
         status, headers = await _post(http, r.url)
-        assert status == 503 and headers["body"]["error"]["code"] == "no_backend"
+        assert status == 503 and headers["x-kvstack-error"] == "no_backend"
+        assert_vllm_error(headers["body"], 503)
 
 
 async def test_ejection_lease_is_bounded(
@@ -107,7 +110,8 @@ async def test_first_byte_timeout_retries_then_gives_504(
         run_router([only], **timeouts) as r,
     ):
         status, headers = await _post(http, r.url)
-        assert status == 504 and headers["body"]["error"]["code"] == "timeout"
+        assert status == 504 and headers["x-kvstack-error"] == "timeout"
+        assert_vllm_error(headers["body"], 504)
 
 
 async def test_total_timeout_cuts_a_long_stream_with_an_error_event(

@@ -1,10 +1,11 @@
-"""Requests the router refuses itself, with OpenAI-style errors; API keys and tenants."""
+"""Requests the router refuses itself, with vLLM's errors; API keys and tenants."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -12,52 +13,61 @@ import pytest
 
 from tests.router.conftest import RouterFactory, engines, until
 from tests.router.fake_engine import FakeEngine
+from tests.router.vllm_schema import assert_vllm_error
 
 
 @pytest.mark.parametrize(
-    ("path", "raw", "status", "param", "code"),
+    ("raw", "status", "param", "kind", "reason"),
     [
-        ("/v1/completions", b'{"model": "toy", "prompt": ', 400, None, "invalid_json"),
-        ("/v1/completions", b"[1, 2]", 400, None, "invalid_json"),
-        ("/v1/completions", b'{"prompt": "x"}', 400, "model", None),
-        ("/v1/completions", b'{"model": "toy"}', 400, "prompt", None),
-        (
-            "/v1/completions",
-            b'{"model": "toy", "prompt": "x", "stream": "yes"}',
-            400,
-            "stream",
-            None,
-        ),
-        ("/v1/chat/completions", b'{"model": "toy"}', 400, "messages", None),
-        (
-            "/v1/chat/completions",
-            b'{"model": "toy", "messages": [{"content": "x"}]}',
-            400,
-            "messages.0",
-            None,
-        ),
-        ("/v1/completions", b'{"model": "nope", "prompt": "x"}', 404, "model", "model_not_found"),
+        (b'{"model": "toy", "prompt": ', 400, "body", "Bad Request", "invalid_json"),
+        (b"[1, 2]", 400, "body", "Bad Request", "invalid_json"),
+        (b'{"prompt": "x"}', 400, "model", "BadRequestError", "no_model"),
+        (b'{"model": 5, "prompt": "x"}', 400, "body.model", "Bad Request", None),
+        (b'{"model": "nope", "prompt": "x"}', 404, "model", "NotFoundError", "model_not_found"),
     ],
 )
-async def test_bad_requests_get_openai_style_errors(
+async def test_what_the_router_cannot_route_gets_vllms_errors(
     run_router: RouterFactory,
     http: aiohttp.ClientSession,
-    path: str,
     raw: bytes,
     status: int,
-    param: str | None,
-    code: str | None,
+    param: str,
+    kind: str,
+    reason: str | None,
 ) -> None:
     engine = FakeEngine("a")
     async with engines(engine), run_router([engine]) as r:
-        async with http.post(r.url + path, data=raw) as resp:
+        async with http.post(r.url + "/v1/completions", data=raw) as resp:
             assert resp.status == status
-            error = (await resp.json())["error"]
-        assert error["param"] == param and error["code"] == code
-        assert error["type"] == "invalid_request_error" and error["message"]
+            body = await resp.json()
+            assert resp.headers.get("x-kvstack-error") == reason
+        assert_vllm_error(body, status)
+        assert (body["error"]["param"], body["error"]["type"]) == (param, kind)
         assert engine.seen == []
     if status == 404:
-        assert "known models: toy" in error["message"]
+        assert "known models: toy" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/completions", {"model": "toy"}),  # no prompt: the engine says so
+        ("/v1/completions", {"model": "toy", "prompt": "x", "stream": "yes"}),  # vLLM: true
+        ("/v1/completions", {"model": "toy", "prompt": [True], "max_tokens": "3"}),
+        ("/v1/chat/completions", {"model": "toy", "messages": [{"content": "x"}]}),
+    ],
+)
+async def test_what_only_the_engine_can_judge_is_forwarded(
+    run_router: RouterFactory, http: aiohttp.ClientSession, path: str, body: dict[str, Any]
+) -> None:
+    """vLLM's own validation decides (its pydantic models accept ``"stream": "yes"``): the
+    router refuses nothing the engine might serve."""
+    engine = FakeEngine("a")
+    async with engines(engine), run_router([engine]) as r:
+        async with http.post(r.url + path, json=body) as resp:
+            assert resp.status == 200
+            await resp.read()
+        assert [seen.body for seen in engine.seen] == [body]
 
 
 async def test_request_size_limit(run_router: RouterFactory, http: aiohttp.ClientSession) -> None:
@@ -66,7 +76,8 @@ async def test_request_size_limit(run_router: RouterFactory, http: aiohttp.Clien
         big = {"model": "toy", "prompt": "x" * 2000}
         async with http.post(f"{r.url}/v1/completions", json=big) as resp:
             assert resp.status == 413
-            assert (await resp.json())["error"]["code"] == "request_too_large"
+            assert resp.headers["x-kvstack-error"] == "request_too_large"
+            assert_vllm_error(await resp.json(), 413)
         async with http.post(
             f"{r.url}/v1/completions", json={"model": "toy", "prompt": "x"}
         ) as resp:
@@ -108,9 +119,11 @@ async def test_unknown_path_and_wrong_method(
 ) -> None:
     engine = FakeEngine("a")
     async with engines(engine), run_router([engine]) as r:
-        async with http.get(f"{r.url}/v1/embeddings") as resp:
+        async with http.get(f"{r.url}/v1/nothing-here") as resp:
             assert (
-                resp.status == 404 and "/v1/completions" in (await resp.json())["error"]["message"]
+                resp.status == 404 and "/v1/nothing-here" in (await resp.json())["error"]["message"]
             )
+            assert_vllm_error(await resp.json(), 404)
         async with http.get(f"{r.url}/v1/completions") as resp:
             assert resp.status == 405 and resp.headers["allow"] == "POST"
+            assert_vllm_error(await resp.json(), 405)

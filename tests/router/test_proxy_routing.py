@@ -71,7 +71,7 @@ async def test_session_affinity_pins_and_yields_when_saturated(
             {"name": "least_load"},
         ]
     }
-    async with engines(*fleet), run_router(fleet, pipeline=pipeline) as r:
+    async with engines(*fleet), run_router(fleet, pipeline=pipeline, debug_headers=True) as r:
         pinned = {await _backend(http, r.url, **{"x-session-id": "s1"}) for _ in range(3)}
         assert len(pinned) == 1
         by_user = {await _backend(http, r.url, {**BODY, "user": "u7"}) for _ in range(3)}

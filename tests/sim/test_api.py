@@ -224,3 +224,52 @@ def test_a_client_leaving_mid_stream_aborts_the_request(sim_fleet: FleetFactory)
         'vllm:request_success_total{engine="0",finished_reason="abort",model_name="sim-model"} 1.0'
         in text
     )
+
+
+def _prefix_hits(url: str) -> float:
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        if family.name == "vllm:prefix_cache_hits":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    raise AssertionError("no vllm:prefix_cache_hits")
+
+
+def test_cache_salt_is_checked_and_keys_the_prefix_cache_as_vllms(sim_fleet: FleetFactory) -> None:
+    from vllm.entrypoints.generate.base.protocol import validate_cache_salt
+
+    url = sim_fleet(time_scale=50).urls[0]
+    prompt = " ".join(f"t{i}" for i in range(200))  # 12 full blocks of 16
+
+    def complete(salt: object) -> httpx.Response:
+        body = {"prompt": prompt, "max_tokens": 1, "cache_salt": salt}
+        return httpx.post(url + "/v1/completions", json=body)
+
+    for bad in ("", "a/b", "a@b", "z" * 129, 5):
+        answer = complete(bad)
+        with pytest.raises(Exception) as vllm_says:  # vLLM raises its VLLMValidationError
+            validate_cache_salt(bad)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "cache_salt"
+        # vLLM's server adds the parameter to its validator's message
+        assert (
+            answer.json()["error"]["message"] == f"{vllm_says.value.args[0]} (parameter=cache_salt)"
+        )
+    assert complete("tenant-1").status_code == 200
+    before = _prefix_hits(url)
+    assert complete("tenant-1").status_code == 200
+    assert _prefix_hits(url) - before == 192  # the same salt hits
+    before = _prefix_hits(url)
+    assert complete("tenant-2").status_code == 200
+    assert _prefix_hits(url) == before  # another salt does not
+
+
+def test_an_api_key_guards_v1_as_vllms_does(sim_fleet: FleetFactory) -> None:
+    url = sim_fleet(time_scale=50, api_key="engine-key").urls[0]
+    body = {"prompt": "t1 t2", "max_tokens": 1}
+    refused = httpx.post(url + "/v1/completions", json=body)
+    assert refused.status_code == 401 and refused.json() == {"error": "Unauthorized"}
+    assert httpx.get(url + "/v1/models").status_code == 401
+    wrong = {"authorization": "Bearer nope"}
+    assert httpx.post(url + "/v1/completions", json=body, headers=wrong).status_code == 401
+    right = {"authorization": "Bearer engine-key"}
+    assert httpx.post(url + "/v1/completions", json=body, headers=right).status_code == 200
+    for open_path in ("/health", "/metrics"):
+        assert httpx.get(url + open_path).status_code == 200

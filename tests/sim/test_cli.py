@@ -112,3 +112,26 @@ def test_vllm_spelled_flags(tmp_path: object) -> None:
         sub.close(0)
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_api_key_comes_from_vllm_api_key_and_is_never_logged() -> None:
+    import os
+
+    from kvstack.bench.compare.ports import free_port
+
+    port = free_port()
+    env = {**os.environ, "VLLM_API_KEY": "env-key-3f9a"}
+    proc = subprocess.Popen(
+        kvstack("sim-engine", "--port", str(port), "--time-scale", "20"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ok(url + "/health", 20, proc)
+        assert httpx.get(url + "/v1/models").status_code == 401
+        auth = {"authorization": "Bearer env-key-3f9a"}
+        assert httpx.get(url + "/v1/models", headers=auth).status_code == 200
+    finally:
+        proc.terminate()
+        output, _ = proc.communicate(timeout=10)
+    assert "env-key-3f9a" not in output and '"api_key": "**********"' in output

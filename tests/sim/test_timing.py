@@ -77,6 +77,6 @@ def test_a_cached_prefix_shortens_the_first_token(sim_fleet: FleetFactory) -> No
                         if s.name == "kvstack_sim_step_lag_seconds_total")  # fmt: skip
     assert cold["prompt_tokens_details"]["cached_tokens"] == 0
     assert warm["prompt_tokens_details"]["cached_tokens"] == 192  # 12 full blocks of 16
-    assert cold_s >= EXPECTED_TTFT_S
+    assert cold_s >= EXPECTED_TTFT_S * 0.999  # sums of clock differences: float rounding
     expected_warm = 0.05 + 8 / 2000.0  # the base step plus 8 uncached tokens
     assert expected_warm * 0.999 <= warm_s <= expected_warm * 1.001 + lag_s

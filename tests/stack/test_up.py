@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from kvstack.index.auth import bearer_header
+from kvstack.security import SecurityConfig, load_keys
 from tests.conftest import free_port
 
 
@@ -65,7 +67,11 @@ def test_up_serves_through_the_router_and_down_leaves_nothing(tmp_path: Path) ->
         assert r.headers["x-kvstack-backend"]
         # The router asked the index over ZMQ (the stack wires zmq:// for its lookups).
         (index,) = [c for c in state["components"] if c["name"] == "index"]
-        text = httpx.get(f"{index['url']}/metrics", timeout=10).text
+        keys = load_keys(SecurityConfig(cluster_secret_file=str(tmp_path / "run/cluster-secret")))
+        assert keys is not None  # kvstack up made the stack a cluster of its own
+        auth = {"authorization": bearer_header(keys)}
+        assert httpx.get(f"{index['url']}/metrics", timeout=10).status_code == 401
+        text = httpx.get(f"{index['url']}/metrics", timeout=10, headers=auth).text
         assert 'kvstack_index_requests_total{route="lookup",status="200"} 1.0' in text
     finally:
         down = kvstack("down", "--run-dir", str(tmp_path / "run"))

@@ -1,4 +1,5 @@
-"""Announcer: reports a :class:`~kvstack.kv.KVCache`'s chunks to the index service.
+"""Announcer: reports a :class:`~kvstack.kv.KVCache`'s chunks to the index (the index server
+or Valkey: :mod:`kvstack.index.backend`, by ``index_url``).
 
 It listens to the cache's tier events (``cache.add_listener``), keeps a mirror of what each
 tier holds, and posts batched deltas every ``interval_s`` (at least every ``heartbeat_s``, so
@@ -8,6 +9,10 @@ expired this engine), and after an outage longer than ``max_pending_keys`` event
 can list their keys (a ``keys()`` method) seed the mirror at start, so chunks stored before
 this process started are announced too. Nothing here ever blocks the cache: events are queued
 in memory and sent from a thread of its own.
+
+With the cluster's keys (the cache's) every report is authenticated and carries this instance's
+announce token (:mod:`kvstack.index.auth`), without which the index refuses it. Reports carry
+at most ``max_batch_keys`` keys; a backlog is sent in several.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast, runtime_checkable
 
 from kvstack.cluster.config import AnnounceConfig
-from kvstack.index.client import IndexClient
+from kvstack.index.auth import announce_token
+from kvstack.index.backend import IndexBackend, open_index
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.peer.locator import default_instance_id
@@ -59,13 +65,15 @@ def tier_info(tier: Tier) -> TierInfo:
 
 class Announcer:
     def __init__(
-        self, cache: KVCache, config: AnnounceConfig, client: IndexClient | None = None
+        self, cache: KVCache, config: AnnounceConfig, client: IndexBackend | None = None
     ) -> None:
         if not config.index_url and client is None:
             raise ValueError("the announcer needs index.announce.index_url")
         self.config = config
         self.instance_id = config.instance_id or default_instance_id()
-        self._client = client or IndexClient(config.index_url, config.timeout_s)
+        keys = cache.keys
+        self._token = "" if keys is None else announce_token(keys, self.instance_id)
+        self._client = client or open_index(config.index_url, config.timeout_s, keys)
         self._tiers = [t for t in cache.tiers if t.scheme not in NOT_ANNOUNCED]
         self._profile = key_profile(cache)
         self._infos = [tier_info(t) for t in self._tiers]
@@ -153,22 +161,28 @@ class Announcer:
             peer=self.config.peer_address,
             tiers=self._infos,
             reset=reset,
+            token=self._token,
         )
 
     def _send_pending(self) -> None:
         with self._cond:
             pending, self._pending = self._pending, {}
-        batch = self._batch()
-        for (tier, key), stored in pending.items():
-            (batch.stored if stored else batch.removed).setdefault(tier, []).append(key)
-        try:
-            reply = self._client.report(batch)
-        except Exception:
-            with self._cond:  # keep them for the next round; newer events win
-                self._pending = {**pending, **self._pending}
-            raise
-        self.reports += 1
-        self._accept(reply.epoch, reply.resync)
+        items = list(pending.items())
+        size = self.config.max_batch_keys
+        for start in range(0, max(len(items), 1), size):
+            batch = self._batch()
+            for (tier, key), stored in items[start : start + size]:
+                (batch.stored if stored else batch.removed).setdefault(tier, []).append(key)
+            try:
+                reply = self._client.report(batch)
+            except Exception:
+                with self._cond:  # keep the unsent ones for the next round; newer events win
+                    self._pending = {**dict(items[start:]), **self._pending}
+                raise
+            self.reports += 1
+            self._accept(reply.epoch, reply.resync)
+            if reply.resync:
+                return  # a full sync follows, with everything
 
     def _full_sync(self) -> None:
         with self._cond:

@@ -7,6 +7,9 @@ and its peer address to the index service (when ``index.announce.index_url`` is 
     ...
     link.close()
 
+The cluster secret is the cache's (``KVCache(..., keys=...)``): the peer server challenges its
+clients with it and the announcer signs its reports.
+
 With tensor parallelism each rank has its own cache and keys: pass ``rank``; rank ``r > 0``
 lends on ``port + r`` and announces as ``<instance_id>#rank<r>`` (a reset from one rank must not
 erase another's chunks). Routers look up rank 0's keys, so rank 0 stands for the engine.
@@ -24,6 +27,7 @@ from kvstack.cluster.config import IndexConfig
 if TYPE_CHECKING:
     from kvstack.cluster.peer_server import PeerServer
     from kvstack.kv.cache import KVCache
+    from kvstack.security import SecurityConfig
 
 __all__ = ["ClusterLink", "attach_cluster"]
 
@@ -55,9 +59,15 @@ def advertised_address(config: IndexConfig, port: int) -> str:
 
 
 def attach_cluster(
-    cache: KVCache, config: IndexConfig, instance_id: str = "", rank: int = 0
+    cache: KVCache,
+    config: IndexConfig,
+    instance_id: str = "",
+    rank: int = 0,
+    security: SecurityConfig | None = None,
 ) -> ClusterLink:
-    """Start what ``config`` enables for ``cache``; a link whose parts may be None."""
+    """Start what ``config`` enables for ``cache``; a link whose parts may be None. Both
+    authenticate with the cache's cluster keys; without keys the peer server binds loopback
+    only, unless ``security.insecure_no_auth``."""
     server = None
     announce = config.announce
     if config.peer.enabled:
@@ -66,7 +76,7 @@ def attach_cluster(
         peer = config.peer
         if peer.port:
             peer = peer.model_copy(update={"port": peer.port + rank})
-        server = PeerServer.for_cache(cache, peer)
+        server = PeerServer.for_cache(cache, peer, security)
         port = server.start_background()
         announce = announce.model_copy(update={"peer_address": advertised_address(config, port)})
         log.info("lending KV tiers %s to peers on port %d", [t.name for t in server.tiers], port)

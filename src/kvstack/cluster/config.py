@@ -33,8 +33,9 @@ def _check_host_port(value: str, what: str) -> str:
 class AnnounceConfig(Section):
     index_url: str = Field(
         default="",
-        description="index server URL, http://index:8300 or zmq://index:8301 (its zmq_port); "
-        "empty: do not announce",
+        description="the cluster KV index: the index server at http://index:8300 or "
+        "zmq://index:8301 (its zmq_port), or Valkey at redis://host:6379 or rediss://host:6379 "
+        "(?cluster=true, ?sentinel=NAME; see docs/cluster-kv.md); empty: do not announce",
     )
     instance_id: str = Field(
         default="", description="this engine's id in the index; empty: hostname:pid"
@@ -80,7 +81,11 @@ class PeerServerConfig(Section):
     enabled: bool = Field(
         default=False, description="lend this engine's CPU/disk chunks to peer engines"
     )
-    host: str = Field(default="0.0.0.0", description="address the peer server listens on")
+    host: str = Field(
+        default="127.0.0.1",
+        description="address the peer server listens on; beyond loopback it needs "
+        "security.cluster_secret_file (or security.insecure_no_auth)",
+    )
     port: int = Field(default=8400, ge=0, le=65535, description="port of the peer server (0: any)")
     max_streams: int = Field(
         default=4,
@@ -91,7 +96,18 @@ class PeerServerConfig(Section):
     max_keys_per_request: int = Field(
         default=4096, gt=0, description="largest batch one request may name"
     )
-    timeout_s: float = Field(default=10.0, gt=0, description="idle timeout of a connection")
+    timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="deadline of every read and write on a connection (a client that trickles "
+        "a request or stops reading an answer is cut off), and its idle timeout",
+    )
+    max_connections: int = Field(
+        default=256, gt=0, description="connections held at once; more are refused"
+    )
+    max_connections_per_peer: int = Field(
+        default=32, gt=0, description="connections held at once from one client address"
+    )
 
 
 class IndexConfig(Section):

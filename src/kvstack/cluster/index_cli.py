@@ -1,9 +1,11 @@
 """``kvstack index-server``: the cluster KV index service.
 
-    kvstack index-server [--host 0.0.0.0] [--port 8300] [--zmq-port 8301] [--instance-ttl-s 30]
+    kvstack index-server [--host 127.0.0.1] [--port 8300] [--zmq-port 8301] [--instance-ttl-s 30]
 
 Flags override the ``index.service`` section of the YAML file named by ``KVSTACK_CONFIG`` and
-``KVSTACK_INDEX_SERVICE__*`` environment variables.
+``KVSTACK_INDEX_SERVICE__*`` environment variables. The cluster secret comes from the
+``security`` section (``KVSTACK_SECURITY_CLUSTER_SECRET_FILE``); without it the server listens
+on loopback only.
 
 It lives in :mod:`kvstack.cluster`, not beside the server in :mod:`kvstack.index`, because it
 validates the whole ``index`` section (:class:`~kvstack.cluster.config.IndexConfig`: a config
@@ -19,6 +21,7 @@ import sys
 from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
 from kvstack.section import load_section, log_config_once
+from kvstack.security import load_security
 
 __all__ = ["run"]
 
@@ -42,11 +45,16 @@ def run(command: str, argv: list[str]) -> int:
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:
         config = load_section("index", IndexConfig, {"service": overrides})
+        security, keys = load_security()
     except ConfigError as exc:
         print(f"kvstack {command}: {exc}", file=sys.stderr)
         return 2
     log_config_once("index", config)
     from kvstack.index.runner import serve
 
-    serve(config.service)
+    try:
+        serve(config.service, keys, security)
+    except ConfigError as exc:  # e.g. a public address without the cluster secret
+        print(f"kvstack {command}: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -1,11 +1,12 @@
 """``kvstack peer-server``: lend this host's KV tiers to peers without an engine in-process.
 
-    kvstack peer-server [--host 0.0.0.0] [--port 8400] [--tier file:///var/kv?size=100GiB]...
+    kvstack peer-server [--host 127.0.0.1] [--port 8400] [--tier file:///var/kv?size=100GiB]...
 
 Builds a :class:`~kvstack.kv.KVCache` from the ``kv`` config section (``--tier`` replaces its
 tier list) and serves its local tiers — typically the disk tier engines on this host write to.
 Settings come from ``index.peer`` (YAML via ``KVSTACK_CONFIG``, ``KVSTACK_INDEX_PEER__*``);
-flags override them. Engines usually embed the server instead (``PeerServer.for_cache``).
+flags override them; the cluster secret from ``security`` (without one: loopback only).
+Engines usually embed the server instead (``PeerServer.for_cache``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import sys
 from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
 from kvstack.section import load_section, log_config_once
+from kvstack.security import load_security
 
 __all__ = ["run"]
 
@@ -43,15 +45,20 @@ def run(command: str, argv: list[str]) -> int:
         from kvstack.kv import KVCache, KVConfig
 
         kv = load_section("kv", KVConfig, {"tiers": args.tier} if args.tier else None)
+        security, keys = load_security()
     except ConfigError as exc:
         print(f"kvstack {command}: {exc}", file=sys.stderr)
         return 2
     log_config_once("index.peer", index.peer)
     from kvstack.cluster.peer_server import PeerServer
 
-    with KVCache.from_config(kv) as cache:
-        server = PeerServer.for_cache(cache, index.peer)
-        port = server.bind()
+    with KVCache(kv, keys=keys) as cache:
+        server = PeerServer.for_cache(cache, index.peer, security)
+        try:
+            port = server.bind()
+        except ConfigError as exc:  # e.g. a public address without the cluster secret
+            print(f"kvstack {command}: {exc}", file=sys.stderr)
+            return 2
         log.info("peer server lending %s on %s:%d",
                  [t.name for t in server.tiers], index.peer.host, port)  # fmt: skip
         try:

@@ -4,11 +4,15 @@
     kvstack deploy render -f my-values.yaml --set router.replicas=3 --validate
     kvstack deploy render -f my-values.yaml --output-dir rendered/
     kvstack deploy vllm-metrics > tests/deploy/vllm_metrics.txt
+    kvstack deploy import-production-stack prod-stack-values.yaml -o kvstack-values.yaml
 
 ``render`` prints the manifests as one YAML stream (or writes one file per object);
 ``--validate`` also runs ``helm lint --strict`` and checks every object against the
 Kubernetes OpenAPI schemas (and the KEDA / prometheus-operator CRD schemas).
 ``vllm-metrics`` lists the metric names of the installed vLLM, for the dashboard checks.
+``import-production-stack`` writes the kvstack values equivalent to a production-stack values
+file and lists, on stderr, each value that has no equivalent and why
+(:mod:`kvstack.deploy.production_stack`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--kube-version", help="Kubernetes version to validate against")
     v = sub.add_parser("vllm-metrics", help="list the installed vLLM's metric names")
     v.add_argument("--source", type=Path, help="vllm/v1/metrics/loggers.py (default: installed)")
+    i = sub.add_parser(
+        "import-production-stack", help="kvstack values from production-stack Helm values"
+    )
+    i.add_argument("values", type=Path, help="production-stack values file")
+    i.add_argument("-o", "--output", type=Path, help="write the kvstack values here (stdout)")
     return p
 
 
@@ -55,6 +64,8 @@ def run(command: str, argv: list[str]) -> int:
     try:
         if args.action == "vllm-metrics":
             return _vllm_metrics(args.source)
+        if args.action == "import-production-stack":
+            return _import(args.values, args.output)
         return _render(args)
     except (ChartError, ConfigError, MissingExtraError) as exc:
         print(f"kvstack {command}: {exc}", file=sys.stderr)
@@ -112,4 +123,27 @@ def _vllm_metrics(source: Path | None) -> int:
     print("# Regenerate: kvstack deploy vllm-metrics > tests/deploy/vllm_metrics.txt")
     for name, kind in sorted(metrics.items()):
         print(f"{kind} {name}")
+    return 0
+
+
+def _import(source: Path, output: Path | None) -> int:
+    from kvstack.deploy.production_stack import import_production_stack
+
+    try:
+        data = yaml.safe_load(source.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read {str(source)!r}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{str(source)!r} must hold a mapping of Helm values")
+    result = import_production_stack(data)
+    header = f"# kvstack chart values imported from production-stack values {source.name}\n"
+    text = header + yaml.safe_dump(result.values, sort_keys=False)
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text)
+    print(f"{len(result.unmapped)} production-stack values have no kvstack equivalent"
+          + (":" if result.unmapped else ""), file=sys.stderr)  # fmt: skip
+    for line in result.unmapped:
+        print(f"  {line}", file=sys.stderr)
     return 0

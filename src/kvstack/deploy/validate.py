@@ -4,6 +4,10 @@ Built-in kinds use ``kubernetes-validate`` (strict: unknown fields are errors) f
 Kubernetes version. The custom resources the chart may render (KEDA's ScaledObject,
 prometheus-operator's ServiceMonitor and PodMonitor) are checked against JSON schemas derived
 from the ``cloudcoil`` models generated from those projects' CRDs, made strict the same way.
+No package ships the Gateway API Inference Extension's or the Gateway API's CRDs as schemas, so
+the InferencePool and HTTPRoute the endpoint picker mode renders are checked against JSON
+schemas written by hand from the published CRDs' documented fields (``deploy/crds/*.json``:
+names, patterns, bounds, required fields), strict as well.
 A kind with no schema at all is a problem, not a pass.
 """
 
@@ -11,13 +15,21 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from kvstack.deploy.chart import ChartManifest
 from kvstack.errors import require
 
-__all__ = ["CRD_MODELS", "DEFAULT_KUBE_VERSION", "crd_schema", "validate_manifests"]
+__all__ = [
+    "CRD_FILES",
+    "CRD_MODELS",
+    "DEFAULT_KUBE_VERSION",
+    "crd_schema",
+    "validate_manifests",
+]
 
 # A current release kubernetes-validate ships schemas for (it has 1.25 up to 1.37).
 DEFAULT_KUBE_VERSION = "1.34.0"
@@ -28,6 +40,12 @@ CRD_MODELS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "cloudcoil.models.keda.v1alpha1:ScaledObject",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): f"{_MONITORING}:ServiceMonitor",
     ("monitoring.coreos.com/v1", "PodMonitor"): f"{_MONITORING}:PodMonitor",
+}
+# (apiVersion, kind) -> a hand-written JSON schema beside this module.
+_CRDS = Path(__file__).with_name("crds")
+CRD_FILES = {
+    ("inference.networking.k8s.io/v1", "InferencePool"): _CRDS / "inferencepool-v1.json",
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): _CRDS / "httproute-v1.json",
 }
 
 
@@ -43,7 +61,7 @@ def validate_manifests(
 
 def _validate(doc: dict[str, Any], kube_version: str) -> list[str]:
     key = (doc.get("apiVersion", ""), doc.get("kind", ""))
-    if key in CRD_MODELS:
+    if key in CRD_MODELS or key in CRD_FILES:
         return _validate_crd(doc, crd_schema(*key))
     kv: Any = require("kubernetes_validate", "dev")
     try:
@@ -66,10 +84,15 @@ def _validate_crd(doc: dict[str, Any], schema: dict[str, Any]) -> list[str]:
 @functools.cache
 def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
     """The strict JSON schema of a custom resource kind the chart renders."""
+    path = CRD_FILES.get((api_version, kind))
+    if path is not None:
+        schema: dict[str, Any] = json.loads(path.read_text())
+        _forbid_unknown(schema)
+        return schema
     module_name, _, class_name = CRD_MODELS[(api_version, kind)].partition(":")
     require(module_name.rsplit(".", 1)[0], "dev")
     model = getattr(importlib.import_module(module_name), class_name)
-    schema: dict[str, Any] = model.model_json_schema(by_alias=True, mode="validation")
+    schema = model.model_json_schema(by_alias=True, mode="validation")
     _forbid_unknown(schema)
     return schema
 

@@ -5,21 +5,27 @@ the server decodes without building a Python int per token.
 The URL picks the transport: ``http://host:port`` (or ``https://``) asks the HTTP routes,
 ``zmq://host:port`` the server's ZMQ endpoint (``index.service.zmq_port``; lower latency,
 :mod:`kvstack.index.zmq_client`). Methods and answers are the same; a request the server refuses
-raises ``httpx.HTTPStatusError`` over HTTP and :class:`~kvstack.errors.IndexServiceError` (with
-the server's reason) over ZMQ, a timeout ``httpx.TimeoutException`` or
-:class:`~kvstack.errors.IndexTimeoutError` (a ``TimeoutError``).
+raises :class:`~kvstack.errors.IndexServiceError` with the server's reason and status (401 for
+a missing credential, 403 for a report for another instance, 413 above a size limit...), a
+timeout ``httpx.TimeoutException`` or :class:`~kvstack.errors.IndexTimeoutError` (a
+``TimeoutError``).
+
+With the cluster's ``keys`` a client authenticates every call (:mod:`kvstack.index.auth`: the
+bearer token over HTTP, signed frames over ZMQ); an index with the secret refuses calls without.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import httpx
 import msgspec
 import numpy as np
 
+from kvstack.errors import IndexServiceError
+from kvstack.index.auth import bearer_header
 from kvstack.index.protocol import (
     AnnounceBatch,
     EventReply,
@@ -30,6 +36,9 @@ from kvstack.index.protocol import (
 )
 from kvstack.index.urls import SCHEME, check_index_url
 from kvstack.index.zmq_client import AsyncZmqTransport, ZmqTransport
+
+if TYPE_CHECKING:
+    from kvstack.security import ClusterKeys
 
 __all__ = ["AsyncIndexClient", "IndexClient", "lookup_request"]
 
@@ -65,27 +74,41 @@ class _AsyncTransport(Protocol):
     async def aclose(self) -> None: ...
 
 
+def _content(response: httpx.Response) -> bytes:
+    """The body of a 2xx answer; else IndexServiceError with the server's reason."""
+    if response.is_success:
+        return response.content
+    try:
+        reason = str(response.json().get("error", ""))
+    except ValueError:
+        reason = response.text[:200]
+    raise IndexServiceError(
+        f"index {response.request.url} answered {response.status_code}: {reason}",
+        str(response.status_code),
+    )
+
+
+def _headers(keys: ClusterKeys | None) -> dict[str, str]:
+    return _HEADERS if keys is None else {**_HEADERS, "authorization": bearer_header(keys)}
+
+
 class _HttpTransport:
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self._http = httpx.Client(base_url=url, timeout=timeout_s, headers=_HEADERS)
+    def __init__(self, url: str, timeout_s: float, keys: ClusterKeys | None) -> None:
+        self._http = httpx.Client(base_url=url, timeout=timeout_s, headers=_headers(keys))
 
     def call(self, operation: str, body: bytes) -> bytes:
-        response = self._http.post(f"/{operation}", content=body)
-        response.raise_for_status()
-        return response.content
+        return _content(self._http.post(f"/{operation}", content=body))
 
     def close(self) -> None:
         self._http.close()
 
 
 class _AsyncHttpTransport:
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self._http = httpx.AsyncClient(base_url=url, timeout=timeout_s, headers=_HEADERS)
+    def __init__(self, url: str, timeout_s: float, keys: ClusterKeys | None) -> None:
+        self._http = httpx.AsyncClient(base_url=url, timeout=timeout_s, headers=_headers(keys))
 
     async def call(self, operation: str, body: bytes) -> bytes:
-        response = await self._http.post(f"/{operation}", content=body)
-        response.raise_for_status()
-        return response.content
+        return _content(await self._http.post(f"/{operation}", content=body))
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -98,13 +121,14 @@ def _is_zmq(url: str) -> bool:
 class IndexClient:
     """Blocking; safe to share between threads."""
 
-    def __init__(self, url: str, timeout_s: float = 2.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 2.0, keys: ClusterKeys | None = None) -> None:
         self.url = url.rstrip("/")
+        self.keys = keys
         self._transport: _Transport
         if _is_zmq(self.url):
-            self._transport = ZmqTransport(self.url, timeout_s)
+            self._transport = ZmqTransport(self.url, timeout_s, keys)
         else:
-            self._transport = _HttpTransport(self.url, timeout_s)
+            self._transport = _HttpTransport(self.url, timeout_s, keys)
 
     def _ask(self, operation: str, message: Any, kind: type[R]) -> R:
         body = self._transport.call(operation, msgspec.msgpack.encode(message))
@@ -126,13 +150,13 @@ class IndexClient:
 class AsyncIndexClient:
     """For one event loop; concurrent lookups are fine."""
 
-    def __init__(self, url: str, timeout_s: float = 0.5) -> None:
+    def __init__(self, url: str, timeout_s: float = 0.5, keys: ClusterKeys | None = None) -> None:
         self.url = url.rstrip("/")
         self._transport: _AsyncTransport
         if _is_zmq(self.url):
-            self._transport = AsyncZmqTransport(self.url, timeout_s)
+            self._transport = AsyncZmqTransport(self.url, timeout_s, keys)
         else:
-            self._transport = _AsyncHttpTransport(self.url, timeout_s)
+            self._transport = _AsyncHttpTransport(self.url, timeout_s, keys)
 
     async def lookup(self, request: LookupRequest) -> LookupReply:
         body = await self._transport.call("lookup", msgspec.msgpack.encode(request))

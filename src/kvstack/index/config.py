@@ -16,7 +16,11 @@ __all__ = ["IndexServiceConfig", "RadixConfig"]
 
 
 class IndexServiceConfig(Section):
-    host: str = Field(default="127.0.0.1", description="address the index server listens on")
+    host: str = Field(
+        default="127.0.0.1",
+        description="address the index server listens on (HTTP and ZMQ); beyond loopback it "
+        "needs security.cluster_secret_file (or security.insecure_no_auth)",
+    )
     port: int = Field(default=8300, ge=0, le=65535, description="port of the index server")
     zmq_port: int | None = Field(
         default=None,
@@ -32,6 +36,21 @@ class IndexServiceConfig(Section):
     )
     max_lookup_tokens: int = Field(
         default=1 << 21, gt=0, description="longest prompt a lookup accepts, in tokens"
+    )
+    max_body_bytes: int = Field(
+        default=32 << 20,
+        gt=0,
+        description="largest request body (HTTP) or frame (ZMQ); larger ones are refused (413) "
+        "before they are read whole",
+    )
+    max_report_keys: int = Field(
+        default=1 << 18,
+        gt=0,
+        description="chunk keys one report may carry (stored and removed together)",
+    )
+    max_locate_keys: int = Field(default=1 << 16, gt=0, description="keys one locate may ask")
+    max_instances: int = Field(
+        default=4096, gt=0, description="engines the index tracks; a new one beyond is refused"
     )
     sweep_batch: int = Field(
         default=50_000,

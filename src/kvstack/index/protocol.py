@@ -16,7 +16,11 @@ separate replay channel to recover.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
+
+from kvstack.kv.keys import KEY_BYTES
 
 __all__ = [
     "AnnounceBatch",
@@ -32,34 +36,48 @@ __all__ = [
 ]
 
 
+# Bounds every decoder applies before a message reaches the index: a key is exactly 16 bytes,
+# names and lists are short. Keys per report, lookup tokens and instances are configured
+# (``index.service``) and checked by the state.
+Key = Annotated[bytes, msgspec.Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
+Name = Annotated[str, msgspec.Meta(max_length=256)]
+Names = Annotated[list[Name], msgspec.Meta(max_length=64)]
+KeysByTier = Annotated[dict[Name, list[Key]], msgspec.Meta(max_length=32)]
+
+
 class KeyProfile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What an engine's chunk keys depend on besides tokens, adapter and salt (see
     :class:`kvstack.kv.keys.Namespace`); the index computes keys for lookups from it."""
 
-    model: str
+    model: Name
     chunk_size: int
-    kv_dtype: str = "auto"
+    kv_dtype: Name = "auto"
     layout_version: int = 1
     tp_size: int = 1
     partial: bool = False
 
 
 class TierInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    name: str
+    name: Name
     shared: bool = False
-    location: str = ""  # shared tiers: the store's identity, the same from every engine
+    location: Name = ""  # shared tiers: the store's identity, the same from every engine
 
 
 class AnnounceBatch(msgspec.Struct, forbid_unknown_fields=True):
-    instance: str
+    instance: Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
     profile: KeyProfile
-    epoch: str = ""  # the index epoch this engine last saw ("" before its first answer)
-    aliases: list[str] = msgspec.field(default_factory=list)
-    peer: str = ""  # host:port of the engine's peer server, if it lends chunks
-    tiers: list[TierInfo] = msgspec.field(default_factory=list)
+    epoch: Name = ""  # the index epoch this engine last saw ("" before its first answer)
+    aliases: Names = msgspec.field(default_factory=list)
+    peer: Name = ""  # host:port of the engine's peer server, if it lends chunks
+    tiers: Annotated[list[TierInfo], msgspec.Meta(max_length=32)] = msgspec.field(
+        default_factory=list
+    )
     reset: bool = False  # first report of a full sync: forget what the engine held before
-    stored: dict[str, list[bytes]] = msgspec.field(default_factory=dict)  # tier -> keys
-    removed: dict[str, list[bytes]] = msgspec.field(default_factory=dict)
+    stored: KeysByTier = msgspec.field(default_factory=dict)  # tier -> keys
+    removed: KeysByTier = msgspec.field(default_factory=dict)
+    # MAC of the instance id under the cluster's "announce" key (kvstack.index.auth); required
+    # by an index that has the secret
+    token: Name = ""
 
 
 class EventReply(msgspec.Struct):
@@ -72,16 +90,16 @@ class LookupRequest(msgspec.Struct, forbid_unknown_fields=True):
     decode) with ``model``, or ``chunk_hashes`` directly. The remaining fields override the
     engines' announced key profile (rarely needed)."""
 
-    model: str = ""
+    model: Name = ""
     tokens: list[int] | None = None
     tokens_u32: bytes | None = None
-    chunk_hashes: list[str] | None = None  # hex keys, in chain order
-    salt: str = ""
-    adapter: str = ""
+    chunk_hashes: list[str] | None = None  # hex keys, in chain order (checked by keying)
+    salt: Name = ""
+    adapter: Name = ""
     tp_rank: int = 0
-    namespace: str = ""  # hex namespace digest, instead of model/dtype/layout/tp/adapter/salt
+    namespace: Name = ""  # hex namespace digest, instead of model/dtype/layout/tp/adapter/salt
     chunk_size: int = 0
-    kv_dtype: str = ""
+    kv_dtype: Name = ""
     layout_version: int = 0
     tp_size: int = 0
 
@@ -101,8 +119,8 @@ class LookupReply(msgspec.Struct):
 
 
 class LocateRequest(msgspec.Struct, forbid_unknown_fields=True):
-    keys: list[bytes]
-    exclude: str = ""  # the asking engine
+    keys: list[Key]
+    exclude: Name = ""  # the asking engine
 
 
 class LocateReply(msgspec.Struct):

@@ -1,11 +1,13 @@
 """Run the index app with uvicorn: in the foreground (``kvstack index-server``) or on a thread
-of its own (tests, benchmarks, an all-in-one process)."""
+of its own (tests, benchmarks, an all-in-one process). Both refuse to listen beyond loopback
+without the cluster's keys (:func:`kvstack.security.check_bind`)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -13,13 +15,20 @@ from kvstack.errors import StackError
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.service import build_app
 from kvstack.index.urls import zmq_url
+from kvstack.security import SecurityConfig, check_bind
+
+if TYPE_CHECKING:
+    from kvstack.security import ClusterKeys
 
 __all__ = ["IndexServerThread", "serve"]
 
 
-def _server(config: IndexServiceConfig) -> uvicorn.Server:
+def _server(
+    config: IndexServiceConfig, keys: ClusterKeys | None, security: SecurityConfig | None
+) -> uvicorn.Server:
+    check_bind(config.host, "the index server", keys, security or SecurityConfig())
     uv = uvicorn.Config(
-        build_app(config),
+        build_app(config, keys),
         host=config.host,
         port=config.port,
         log_level="warning",
@@ -30,15 +39,24 @@ def _server(config: IndexServiceConfig) -> uvicorn.Server:
     return uvicorn.Server(uv)
 
 
-def serve(config: IndexServiceConfig) -> None:
+def serve(
+    config: IndexServiceConfig,
+    keys: ClusterKeys | None = None,
+    security: SecurityConfig | None = None,
+) -> None:
     """Serve until interrupted (SIGINT/SIGTERM)."""
-    _server(config).run()
+    _server(config, keys, security).run()
 
 
 class IndexServerThread:
-    def __init__(self, config: IndexServiceConfig) -> None:
+    def __init__(
+        self,
+        config: IndexServiceConfig,
+        keys: ClusterKeys | None = None,
+        security: SecurityConfig | None = None,
+    ) -> None:
         self.config = config
-        self._server = _server(config)
+        self._server = _server(config, keys, security)
         self._thread = threading.Thread(target=self._run, name="kvstack-index", daemon=True)
 
     @property

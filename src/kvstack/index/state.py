@@ -15,11 +15,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvstack.index import keying
+from kvstack.index import answers
 from kvstack.index.protocol import (
     AnnounceBatch,
     EventReply,
-    InstanceMatch,
     KeyProfile,
     LocateReply,
     LocateRequest,
@@ -73,8 +72,7 @@ class IndexState:
         instance = self.instances.get(batch.instance)
         if batch.reset:
             if instance is not None:
-                for location in instance.locations(shared=False):
-                    self.index.drop(location)
+                self._forget_chunks(instance.id)
             instance = self._register(batch)
         elif instance is None or batch.epoch != self.epoch:
             return EventReply(self.epoch, resync=True)
@@ -85,6 +83,11 @@ class IndexState:
         for tier, keys in batch.removed.items():
             self.index.remove(instance.location(tier), keys)
         return EventReply(self.epoch)
+
+    def _forget_chunks(self, instance_id: str) -> None:
+        """Drop every local location of the engine, also of tiers it no longer lists."""
+        for location in [loc for loc in self.index.locations() if loc.holder == instance_id]:
+            self.index.drop(location)
 
     def _register(self, batch: AnnounceBatch) -> Instance:
         instance = Instance(
@@ -111,8 +114,7 @@ class IndexState:
         gone = [i for i in self.instances.values() if i.last_seen < cutoff]
         for instance in gone:
             del self.instances[instance.id]
-            for location in instance.locations(shared=False):
-                self.index.drop(location)
+            self._forget_chunks(instance.id)
         if gone:
             used = {loc for i in self.instances.values() for loc in i.locations(shared=True)}
             for location in list(self.index.locations()):
@@ -122,70 +124,20 @@ class IndexState:
 
     # -- questions -------------------------------------------------------------------------
     def lookup(self, request: LookupRequest) -> LookupReply:
-        tokens = keying.request_tokens(request, self.max_lookup_tokens)
-        num_tokens = None if tokens is None else len(tokens)
-        candidates = [
-            i
-            for i in self.instances.values()
-            if not request.model or request.namespace or i.serves(request.model)
+        plan = answers.plan_lookup(self.instances.values(), request, self.max_lookup_tokens)
+        runs = [
+            self.index.prefix_runs(chain.keys, answers.lookup_groups(chain.members))
+            for chain in plan.chains
         ]
-        by_profile: dict[KeyProfile, list[Instance]] = {}
-        for instance in candidates:
-            profile = keying.effective_profile(instance.profile, request)
-            by_profile.setdefault(profile, []).append(instance)
-        reply = LookupReply(num_tokens=num_tokens or 0, instances={}, shared={})
-        for profile, members in by_profile.items():
-            self._match(profile, members, request, tokens, reply)
-        return reply
-
-    def _match(
-        self,
-        profile: KeyProfile,
-        members: list[Instance],
-        request: LookupRequest,
-        tokens: Any,
-        reply: LookupReply,
-    ) -> None:
-        keys = keying.lookup_keys(profile, request, tokens)
-        groups: dict[str, list[Location]] = {}
-        for instance in members:
-            groups[instance.id] = instance.locations()
-            for tier in instance.tiers:
-                groups[f"{instance.id}\0{tier}"] = [instance.location(tier)]
-            for location in instance.locations(shared=True):
-                groups[f"\0{location.tier}"] = [location]
-        runs = self.index.prefix_runs(keys, groups)
-        num_tokens = None if tokens is None else len(tokens)
-
-        def matched(chunks: int) -> int:
-            return keying.tokens_matched(chunks, profile.chunk_size, num_tokens)
-
-        for instance in members:
-            reply.instances[instance.id] = InstanceMatch(
-                matched_tokens=matched(runs[instance.id]),
-                matched_chunks=runs[instance.id],
-                chunk_size=profile.chunk_size,
-                tiers={t: matched(runs[f"{instance.id}\0{t}"]) for t in instance.tiers},
-                peer=instance.peer,
-            )
-        for name, run in runs.items():
-            if name.startswith("\0"):
-                reply.shared[name[1:]] = max(reply.shared.get(name[1:], 0), matched(run))
+        return answers.answer_lookup(plan, runs)
 
     def locate(self, request: LocateRequest) -> LocateReply:
         """Which engines (other than the asker) hold each key in a local tier and lend it."""
-        lenders = {
-            i.id: n
-            for n, i in enumerate(
-                i for i in self.instances.values() if i.peer and i.id != request.exclude
-            )
-        }
-        reply = LocateReply(peers=list(lenders), addresses=[], holders=[])
-        reply.addresses = [self.instances[i].peer for i in reply.peers]
-        for key in request.keys:
-            holders = {lenders[h.holder] for h in self.index.holders(key) if h.holder in lenders}
-            reply.holders.append(sorted(holders))
-        return reply
+        return answers.answer_locate(
+            self.instances.values(),
+            request,
+            lambda key: (location.holder for location in self.index.holders(key)),
+        )
 
     def summary(self) -> list[dict[str, Any]]:
         counts = self.index.locations()

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import NamedTuple
 
-__all__ = ["ChunkIndex", "Location"]
+__all__ = ["ChunkIndex", "Location", "chain_runs"]
 
 
 class Location(NamedTuple):
@@ -122,25 +122,7 @@ class ChunkIndex:
             if not mask:
                 break
             chain.append(mask)
-        runs = _location_runs(chain)
-        return {name: self._group_run(chain, runs, locs) for name, locs in groups.items()}
-
-    def _group_run(
-        self, chain: list[int], runs: dict[int, int], locations: Iterable[Location]
-    ) -> int:
-        group = 0
-        start = 0
-        for location in locations:
-            bit = self._ids.get(location)
-            if bit is not None:
-                group |= 1 << bit
-                start = max(start, runs.get(bit, 0))
-        if not group:
-            return 0
-        # A union can run past its longest member where members hold disjoint stretches.
-        while start < len(chain) and chain[start] & group:
-            start += 1
-        return start
+        return chain_runs(chain, groups, self._ids)
 
     # -- maintenance -----------------------------------------------------------------------
     def sweep(self, budget: int) -> bool:
@@ -187,7 +169,39 @@ def _bits(mask: int) -> list[int]:
     return out
 
 
-def _location_runs(chain: list[int]) -> dict[int, int]:
+def chain_runs(
+    chain: Sequence[int],
+    groups: Mapping[str, Iterable[Location]],
+    bits: Mapping[Location, int],
+) -> dict[str, int]:
+    """For each named group of locations, the length of the leading run of ``chain`` (one
+    bitmask of holders per key, ``bits`` giving each location's bit) that the group holds."""
+    runs = _location_runs(chain)
+    return {name: _group_run(chain, runs, locs, bits) for name, locs in groups.items()}
+
+
+def _group_run(
+    chain: Sequence[int],
+    runs: dict[int, int],
+    locations: Iterable[Location],
+    bits: Mapping[Location, int],
+) -> int:
+    group = 0
+    start = 0
+    for location in locations:
+        bit = bits.get(location)
+        if bit is not None:
+            group |= 1 << bit
+            start = max(start, runs.get(bit, 0))
+    if not group:
+        return 0
+    # A union can run past its longest member where members hold disjoint stretches.
+    while start < len(chain) and chain[start] & group:
+        start += 1
+    return start
+
+
+def _location_runs(chain: Sequence[int]) -> dict[int, int]:
     """bit → length of the leading run of ``chain`` entries having that bit."""
     runs: dict[int, int] = {}
     if not chain:

@@ -1,5 +1,6 @@
-"""Index server URLs: ``http(s)://host:port`` or ``zmq://host:port`` (the server's ``zmq_port``),
-and the ZMQ endpoints they name. No third-party imports: config sections check URLs with it."""
+"""Index URLs: the index server's ``http(s)://host:port`` or ``zmq://host:port`` (its
+``zmq_port``) and the ZMQ endpoints they name, or Valkey's ``redis(s)://``. No third-party
+imports: config sections check URLs with it."""
 
 from __future__ import annotations
 
@@ -7,9 +8,18 @@ from urllib.parse import urlsplit
 
 from kvstack.errors import ConfigError
 
-__all__ = ["SCHEME", "check_index_url", "tcp_address", "tcp_endpoint", "zmq_url"]
+__all__ = [
+    "SCHEME",
+    "VALKEY_SCHEMES",
+    "check_index_url",
+    "redact_url",
+    "tcp_address",
+    "tcp_endpoint",
+    "zmq_url",
+]
 
 SCHEME = "zmq"
+VALKEY_SCHEMES = ("redis", "rediss")
 
 
 def _host_port(host: str, port: int) -> str:
@@ -39,13 +49,25 @@ def tcp_endpoint(url: str) -> str:
 
 
 def check_index_url(url: str) -> str:
-    """An index server URL: ``http(s)://host:port`` or ``zmq://host:port``; raises
-    :class:`ConfigError` naming the accepted forms otherwise."""
+    """An index URL: the index server's ``http(s)://host:port`` or ``zmq://host:port``, or
+    Valkey's ``redis://`` / ``rediss://`` (:mod:`kvstack.index.valkey.url` checks the rest when
+    it connects); raises :class:`ConfigError` naming the accepted forms otherwise."""
     scheme = urlsplit(url).scheme
     if scheme == SCHEME:
         tcp_endpoint(url)
-    elif scheme not in ("http", "https") or not urlsplit(url).hostname:
+    elif scheme not in ("http", "https", *VALKEY_SCHEMES) or not urlsplit(url).netloc:
         raise ConfigError(
-            f"index URL must be http://host:port, https://host:port or zmq://host:port, got {url!r}"
+            "index URL must be http://host:port, https://host:port, zmq://host:port (the index "
+            f"server) or redis://host:port, rediss://host:port (Valkey), got {redact_url(url)!r}"
         )
     return url
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``: fit for logs and errors."""
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, colon, _ = userinfo.partition(":")
+    if not at or not colon:
+        return url
+    return parts._replace(netloc=f"{user}:***@{hosts}").geturl()

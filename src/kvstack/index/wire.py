@@ -4,10 +4,13 @@
 :mod:`kvstack.index.urls`); clients connect a DEALER socket to ``tcp://host:port``, the server
 binds a ROUTER there.
 
-A request is three frames, a reply three frames::
+A request is three frames (four with the cluster secret), a reply three frames::
 
-    request:  [request_id, operation, body]      operation: events | lookup | locate
-    reply:    [request_id, status, body]         status: 200 | 400 | 500
+    request:  [request_id, operation, body, auth]   operation: events | lookup | locate
+    reply:    [request_id, status, body]            status: 200 | 400 | 401 | 403 | 413 | 429 | 500
+
+``auth`` (:mod:`kvstack.index.auth`) signs the other three; an index with the secret refuses a
+request without it (401).
 
 Bodies are the msgpack messages of :mod:`kvstack.index.protocol`, as over HTTP: the operation's
 request and reply, or :class:`~kvstack.index.protocol.ErrorReply` with status 400 (the request
@@ -25,24 +28,32 @@ import msgspec
 from kvstack.errors import IndexServiceError
 from kvstack.index.protocol import ErrorReply
 
-__all__ = ["BAD_REQUEST", "FAILED", "OK", "error_frames", "raise_for_status", "split_request"]
+__all__ = [
+    "BAD_REQUEST",
+    "FAILED",
+    "OK",
+    "UNAUTHORIZED",
+    "error_frames",
+    "raise_for_status",
+    "split_request",
+]
 
-OK, BAD_REQUEST, FAILED = b"200", b"400", b"500"
-_NUM_FRAMES = 3
+OK, BAD_REQUEST, UNAUTHORIZED, FAILED = b"200", b"400", b"401", b"500"
 
 
 def error_frames(request_id: bytes, status: bytes, message: str) -> list[bytes]:
     return [request_id, status, msgspec.msgpack.encode(ErrorReply(message))]
 
 
-def split_request(frames: list[bytes]) -> tuple[bytes, str, bytes]:
-    """``[request_id, operation, body]``; raises ``ValueError`` when the count is wrong."""
-    if len(frames) != _NUM_FRAMES:
+def split_request(frames: list[bytes]) -> tuple[bytes, str, bytes, bytes]:
+    """``[request_id, operation, body, auth]`` (``auth`` empty when absent); raises
+    ``ValueError`` when the count is wrong."""
+    if len(frames) not in (3, 4):
         raise ValueError(
-            f"expected {_NUM_FRAMES} frames (request id, operation, body), got {len(frames)}"
+            f"expected 3 or 4 frames (request id, operation, body[, auth]), got {len(frames)}"
         )
-    request_id, operation, body = frames
-    return request_id, operation.decode("utf-8", "replace"), body
+    request_id, operation, body, *auth = frames
+    return request_id, operation.decode("utf-8", "replace"), body, auth[0] if auth else b""
 
 
 def raise_for_status(status: bytes, body: bytes) -> bytes:

@@ -21,14 +21,18 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
 
 from kvstack.errors import IndexServiceError, IndexTimeoutError
+from kvstack.index.auth import sign_frames
 from kvstack.index.urls import tcp_endpoint
 from kvstack.index.wire import raise_for_status
+
+if TYPE_CHECKING:
+    from kvstack.security import ClusterKeys
 
 __all__ = ["AsyncZmqTransport", "ZmqTransport"]
 
@@ -47,14 +51,25 @@ def _dealer(context: zmq.Context[Any], url: str, timeout_s: float) -> Any:
     return sock
 
 
+def _frames(
+    keys: ClusterKeys | None, request_id: bytes, operation: str, body: bytes
+) -> list[bytes]:
+    """A request's frames, signed when this client has the cluster's keys."""
+    op = operation.encode()
+    if keys is None:
+        return [request_id, op, body]
+    return [request_id, op, body, sign_frames(keys, request_id, op, body)]
+
+
 def _timeout(url: str, operation: str, timeout_s: float) -> IndexTimeoutError:
     return IndexTimeoutError(f"index {url} did not answer {operation} within {timeout_s:g} s")
 
 
 class ZmqTransport:
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, keys: ClusterKeys | None = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self._keys = keys
         self._sock: zmq.Socket[bytes] = _dealer(zmq.Context.instance(), url, timeout_s)
         self._ids = itertools.count()
         self._lock = threading.Lock()
@@ -65,7 +80,8 @@ class ZmqTransport:
             deadline = time.monotonic() + self.timeout_s
             request_id = next(self._ids).to_bytes(8, "little")
             try:
-                self._sock.send_multipart([request_id, operation.encode(), body], copy=False)
+                frames = _frames(self._keys, request_id, operation, body)
+                self._sock.send_multipart(frames, copy=False)
             except zmq.Again:
                 raise _timeout(self.url, operation, self.timeout_s) from None
             return raise_for_status(*self._receive(request_id, operation, deadline))
@@ -86,9 +102,10 @@ class ZmqTransport:
 
 
 class AsyncZmqTransport:
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, keys: ClusterKeys | None = None) -> None:
         self.url = url
         self.timeout_s = timeout_s
+        self._keys = keys
         self._sock: zmq.asyncio.Socket = _dealer(zmq.asyncio.Context.instance(), url, timeout_s)
         self._ids = itertools.count()
         self._pending: dict[bytes, asyncio.Future[tuple[bytes, bytes]]] = {}
@@ -101,7 +118,7 @@ class AsyncZmqTransport:
         self._pending[request_id] = reply
         self._start_reader()
         try:
-            frames = [request_id, operation.encode(), body]
+            frames = _frames(self._keys, request_id, operation, body)
             status, payload = await asyncio.wait_for(self._exchange(frames, reply), self.timeout_s)
         except asyncio.TimeoutError:
             raise _timeout(self.url, operation, self.timeout_s) from None

@@ -3,22 +3,40 @@
 Connector keys (below) are read here; every other key is a ``kv`` section key (``tiers``,
 ``chunk_size``, ``write_policy``, ``admission_threshold``...) and goes to the KV cache, over the
 YAML file named by ``KVSTACK_CONFIG`` and under ``KVSTACK_KV_*`` environment variables. Unknown
-keys are errors, reported at engine start.
+keys are errors, reported at engine start. ``security`` holds the engine's ``security`` section
+(``{"cluster_secret_file": PATH}``), over the YAML file and under ``KVSTACK_SECURITY_*``.
+
+An LMCache configuration is accepted too (``LMCACHE_CONFIG_FILE``, ``LMCACHE_*`` variables,
+``lmcache.*`` keys): :mod:`kvstack.integrations.lmcache` translates it into ``kv`` keys, logged
+once per process, and refuses a key kvstack has no equivalent for, naming it and why.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import Field
 
 from kvstack.cluster.config import IndexConfig
 from kvstack.errors import ConfigError
+from kvstack.integrations.lmcache import environment, lmcache_keys, translate_lmcache
 from kvstack.kv.config import KVConfig
 from kvstack.section import Section, load_section
+from kvstack.security import SecurityConfig
 
-__all__ = ["ConnectorSettings", "index_section", "split_extra_config"]
+__all__ = [
+    "ConnectorSettings",
+    "TransferModes",
+    "index_section",
+    "security_section",
+    "split_extra_config",
+    "transfer_modes",
+]
+
+log = logging.getLogger(__name__)
+_logged: set[tuple[str, ...]] = set()  # translations already logged by this process
 
 
 class ConnectorSettings(Section):
@@ -43,15 +61,68 @@ class ConnectorSettings(Section):
     kv_events: bool = Field(
         default=True, description="report kvstack tier stores/removals in vLLM's KV events"
     )
+    load_mode: Literal["auto", "async", "sync"] = Field(
+        default="auto",
+        description="auto: a request whose chunks are not all in the cpu:// tier loads "
+        "asynchronously (it waits while the other requests keep stepping), one served from "
+        "memory loads within its step; async / sync: always",
+    )
+    load_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="an asynchronous load still running after this long is abandoned; vLLM "
+        "recomputes the blocks that had not arrived",
+    )
+    load_threads: int = Field(
+        default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"
+    )
+    save_generated: bool = Field(
+        default=True,
+        description="save every full chunk a request completes, generated tokens included (the "
+        "next turn of a chat, a preempted request); false: prompt chunks only",
+    )
+    copy_out: Literal["step", "background"] | None = Field(
+        default=None,
+        description="step: the step waits for its copy-out of new chunks; background: the "
+        "copy-out overlaps the next step and a finished request's blocks are freed when it "
+        "is over; default: background on GPUs, step on vLLM's CPU build (measured faster)",
+    )
+    layer_pipelining: bool | None = Field(
+        default=None,
+        description="write loaded KV layer by layer while earlier layers compute, and copy "
+        "saved KV out as each layer finishes; default: on for GPUs, off on vLLM's CPU build "
+        "(measured: it does not pay there)",
+    )
     index: dict[str, Any] = Field(
         default_factory=dict,
         description="the `index` section for this engine: announce its chunks to a cluster "
         "index service (announce.index_url, announce.instance_id = the engine's URL) and lend "
         "its tiers to peers (peer.enabled)",
     )
+    security: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the `security` section for this engine: cluster_secret_file (chunk MACs, "
+        "peer and index authentication), previous_secret_file, insecure_no_auth",
+    )
 
 
 _CONNECTOR_KEYS = set(ConnectorSettings.model_fields)
+_KV_KEYS = set(KVConfig.model_fields)
+
+
+class TransferModes(NamedTuple):
+    """How copies run, as both connector roles resolve them for one device type."""
+
+    copy_out_background: bool
+    layer_pipelining: bool
+
+
+def transfer_modes(settings: ConnectorSettings, device_type: str) -> TransferModes:
+    """The settings' copy modes, with the defaults for ``device_type`` filled in."""
+    gpu = device_type == "cuda"
+    copy_out = settings.copy_out or ("background" if gpu else "step")
+    pipelining = gpu if settings.layer_pipelining is None else settings.layer_pipelining
+    return TransferModes(copy_out == "background", pipelining)
 
 
 def index_section(settings: ConnectorSettings) -> IndexConfig:
@@ -59,12 +130,40 @@ def index_section(settings: ConnectorSettings) -> IndexConfig:
     return load_section("index", IndexConfig, settings.index)
 
 
+def security_section(settings: ConnectorSettings) -> SecurityConfig:
+    """The engine's ``security`` section: its extra config over YAML and ``KVSTACK_SECURITY_*``."""
+    return load_section("security", SecurityConfig, settings.security)
+
+
 def split_extra_config(extra: Mapping[str, Any] | None) -> tuple[ConnectorSettings, KVConfig]:
-    """Split the extra config into connector settings and the ``kv`` section."""
-    extra = dict(extra or {})
+    """Split the extra config into connector settings and the ``kv`` section (an LMCache
+    configuration translated into it)."""
+    extra = _with_lmcache(dict(extra or {}))
     connector = {k: extra.pop(k) for k in list(extra) if k in _CONNECTOR_KEYS}
     try:
         settings = ConnectorSettings.model_validate(connector)
     except ValueError as exc:
         raise ConfigError(f"invalid kvstack connector setting: {exc}") from None
     return settings, load_section("kv", KVConfig, extra)
+
+
+def _with_lmcache(extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` with any LMCache configuration translated into ``kv`` keys."""
+    keys, sources, rest = lmcache_keys(extra, environment(), _CONNECTOR_KEYS | _KV_KEYS)
+    if not keys:
+        return extra
+    translation = translate_lmcache(keys, sources)
+    clashes = sorted(k for k in translation.kv if k in rest and rest[k] != translation.kv[k])
+    if clashes:
+        raise ConfigError(
+            f"both kvstack keys and an LMCache configuration set {clashes}: keep one of them"
+        )
+    lines = (*translation.sources, *translation.lines)
+    if lines not in _logged:
+        _logged.add(lines)
+        log.info(
+            "LMCache configuration (from %s) translated into kvstack's kv section: %s",
+            ", ".join(translation.sources),
+            "; ".join(translation.lines),
+        )
+    return {**rest, **translation.kv}

@@ -12,6 +12,10 @@ Tiers are ordered fastest first (``cpu://`` → ``file://`` → ``redis://`` | `
   chunk ends the hit.
 - **Failures**: an exception from any tier is logged once per incident, counted, and treated as
   a miss (reads) or as not stored (writes). Corrupt data is never returned (tiers verify).
+- **Trust**: with the cluster's keys (``keys``, or the ``security`` section for
+  :meth:`from_config`) every tier seals what it writes and checks what it reads (see
+  :mod:`kvstack.kv.seal`); a forged or foreign chunk is a miss. Reads allocate at most one
+  chunk of the cache's layout once that is known.
 - **Bad input** (wrong KV shape or dtype, non-integer tokens) raises ``ValueError`` naming the
   problem, and nothing is stored.
 
@@ -34,18 +38,24 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ConfigError
 from kvstack.kv.admission import AdmissionThreshold
-from kvstack.kv.chain import TierChain, leading
+from kvstack.kv.chain import TierChain, leading, tiers_from_config, write_tier_positions
 from kvstack.kv.config import KVConfig
+from kvstack.kv.format import ITEM_BYTES
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys, chunk_spans
 from kvstack.kv.layout import KVLayout
+from kvstack.kv.seal import ChunkSealer
 from kvstack.kv.stats import CacheCounters, CacheStats
 from kvstack.kv.tensors import torch
-from kvstack.kv.tiers import Tier, TierEvent, make_tier, parse_tier_url
+from kvstack.kv.tiers import Tier, TierEvent
+from kvstack.kv.trust import ChunkTrust
 from kvstack.section import load_section, log_config_once
+
+if TYPE_CHECKING:
+    from kvstack.security import ClusterKeys, SecurityConfig
 
 __all__ = ["CacheStats", "KVCache"]
 
@@ -54,19 +64,36 @@ MAX_NAMESPACES = 4096  # (salt, adapter) digests kept; recomputing one costs a m
 
 
 class KVCache:
-    def __init__(self, config: KVConfig, tiers: Sequence[Tier] | None = None) -> None:
+    def __init__(
+        self,
+        config: KVConfig,
+        tiers: Sequence[Tier] | None = None,
+        keys: ClusterKeys | None = None,
+    ) -> None:
+        """``keys``: the cluster's keys (chunks are sealed and checked with them); given
+        ``tiers`` then share the cache's :class:`~kvstack.kv.trust.ChunkTrust`."""
         self.config = config
-        if tiers is not None and not tiers:
-            raise ConfigError("a KVCache needs at least one tier")
-        write_tiers = _write_tiers(config, [t.name for t in tiers]) if tiers is not None else None
-        self.tiers: list[Tier] = list(tiers) if tiers is not None else _tiers_from_urls(config)
+        self.keys = keys
         shape = config.model_shape
         self._layout = KVLayout(
             config.kv_dtype,
             None if shape is None else (shape.num_layers, shape.num_kv_heads, shape.head_dim),
         )
+        self.trust = ChunkTrust(None if keys is None else ChunkSealer(keys))
+        self._bound_reads()
+        if tiers is not None and not tiers:
+            raise ConfigError("a KVCache needs at least one tier")
+        write_tiers = (
+            write_tier_positions(config, [t.name for t in tiers]) if tiers is not None else None
+        )
+        if tiers is not None and keys is not None:
+            for tier in tiers:
+                tier.trust = self.trust
+        self.tiers: list[Tier] = (
+            list(tiers) if tiers is not None else tiers_from_config(config, self.trust)
+        )
         if write_tiers is None:
-            write_tiers = _write_tiers(config, [t.name for t in self.tiers])
+            write_tiers = write_tier_positions(config, [t.name for t in self.tiers])
         self._chain = TierChain(
             self.tiers, [self.tiers[i] for i in write_tiers], config.promote_on_hit
         )
@@ -80,12 +107,30 @@ class KVCache:
             tier.add_listener(functools.partial(self._on_tier_event, position))
 
     @classmethod
-    def from_config(cls, config: KVConfig | Mapping[str, Any] | None = None) -> KVCache:
+    def from_config(
+        cls,
+        config: KVConfig | Mapping[str, Any] | None = None,
+        security: SecurityConfig | Mapping[str, Any] | None = None,
+    ) -> KVCache:
         """Build from a ``kv`` section: a KVConfig, or a dict merged over the YAML file named by
-        ``KVSTACK_CONFIG`` and overridden by ``KVSTACK_KV_*`` environment variables."""
+        ``KVSTACK_CONFIG`` and overridden by ``KVSTACK_KV_*`` environment variables; the keys
+        come from the ``security`` section, loaded the same way (``security`` overrides)."""
+        from kvstack.security import SecurityConfig, load_keys, load_security
+
         section = config if isinstance(config, KVConfig) else load_section("kv", KVConfig, config)
         log_config_once("kv", section)
-        return cls(section)
+        if isinstance(security, SecurityConfig):
+            keys = load_keys(security)
+        else:
+            keys = load_security(security)[1]
+        return cls(section, keys=keys)
+
+    def _bound_reads(self) -> None:
+        """Once the layout is known, no read allocates more than one chunk of it."""
+        if self._layout.dtype is not None and self._layout.shape is not None:
+            layers, heads, head_dim = self._layout.shape
+            per_token = 2 * layers * heads * head_dim * ITEM_BYTES[self._layout.dtype]
+            self.trust.max_chunk_bytes = per_token * self.config.chunk_size
 
     # -- keys ------------------------------------------------------------------------------
     def namespace(self, salt: str | None = None, adapter: str | None = None) -> ChunkKey:
@@ -136,6 +181,7 @@ class KVCache:
         keys = self.chunk_keys(tokens, salt, adapter)
         spans = self._spans(len(tokens))
         self._layout.check(kv, len(tokens))
+        self._bound_reads()
         stored = self.put_chunks(keys, [kv[:, :, start:end] for start, end in spans])
         num = spans[stored - 1][1] if stored else 0
         self._counters.add(stored_tokens=num)
@@ -264,39 +310,6 @@ class KVCache:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _tiers_from_urls(config: KVConfig) -> list[Tier]:
-    names = _tier_names(config.tiers)
-    _write_tiers(config, names)  # a bad selection fails before any tier starts
-    tiers: list[Tier] = []
-    try:
-        for url, name in zip(config.tiers, names, strict=True):
-            tiers.append(make_tier(url, name=name))
-    except BaseException:
-        for tier in tiers:
-            tier.close()
-        raise
-    return tiers
-
-
-def _tier_names(urls: Sequence[str]) -> list[str]:
-    """The scheme, plus the position when a scheme repeats: cpu, file, cpu2."""
-    names: list[str] = []
-    for position, url in enumerate(urls):
-        scheme = parse_tier_url(url).scheme
-        names.append(scheme if scheme not in names else f"{scheme}{position}")
-    return names
-
-
-def _write_tiers(config: KVConfig, names: list[str]) -> list[int]:
-    """Positions of the tiers that receive stores."""
-    if config.write_tiers is not None:
-        unknown = [n for n in config.write_tiers if n not in names]
-        if unknown:
-            raise ConfigError(f"kv.write_tiers names unknown tiers {unknown}; tiers: {names}")
-        return [names.index(n) for n in config.write_tiers]
-    return list(range(len(names))) if config.write_policy == "write-through" else [0]
 
 
 def _first(chunks: list[torch.Tensor]) -> torch.Tensor | None:

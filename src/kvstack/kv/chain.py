@@ -19,13 +19,16 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
+from kvstack.errors import ConfigError
+from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import torch
-from kvstack.kv.tiers import Tier, TierEvent
+from kvstack.kv.tiers import Tier, TierEvent, make_tier, parse_tier_url
+from kvstack.kv.trust import ChunkTrust
 from kvstack.log import IncidentLogger
 from kvstack.metrics import counter
 
-__all__ = ["TierChain", "leading"]
+__all__ = ["TierChain", "leading", "tier_names", "tiers_from_config", "write_tier_positions"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -188,3 +191,38 @@ def _private_copy(chunk: torch.Tensor) -> torch.Tensor:
     if chunk.device.type != "cpu":
         return chunk.to("cpu").contiguous()
     return chunk.clone(memory_format=torch.contiguous_format)
+
+
+def tiers_from_config(config: KVConfig, trust: ChunkTrust) -> list[Tier]:
+    """The tiers of ``config.tiers``, built in order and sharing ``trust`` (all closed again
+    if one fails)."""
+    names = tier_names(config.tiers)
+    write_tier_positions(config, names)  # a bad selection fails before any tier starts
+    tiers: list[Tier] = []
+    try:
+        for url, name in zip(config.tiers, names, strict=True):
+            tiers.append(make_tier(url, name=name, trust=trust))
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        raise
+    return tiers
+
+
+def tier_names(urls: Sequence[str]) -> list[str]:
+    """The scheme, plus the position when a scheme repeats: cpu, file, cpu2."""
+    names: list[str] = []
+    for position, url in enumerate(urls):
+        scheme = parse_tier_url(url).scheme
+        names.append(scheme if scheme not in names else f"{scheme}{position}")
+    return names
+
+
+def write_tier_positions(config: KVConfig, names: list[str]) -> list[int]:
+    """Positions of the tiers that receive stores."""
+    if config.write_tiers is not None:
+        unknown = [n for n in config.write_tiers if n not in names]
+        if unknown:
+            raise ConfigError(f"kv.write_tiers names unknown tiers {unknown}; tiers: {names}")
+        return [names.index(n) for n in config.write_tiers]
+    return list(range(len(names))) if config.write_policy == "write-through" else [0]

@@ -117,9 +117,10 @@ class _AdminAPI:
         )
 
     async def promote(self, request: Request) -> JSONResponse:
-        version = _str(await _json(request), "version")
+        body = await _json(request)
+        version, force = _str(body, "version"), body.get("force") is True
         release = await asyncio.to_thread(
-            self.plane.promote, request.path_params["adapter_id"], version, _actor(request)
+            self.plane.promote, request.path_params["adapter_id"], version, _actor(request), force
         )
         await self._changed()
         return JSONResponse(_release(release))
@@ -131,8 +132,9 @@ class _AdminAPI:
         if not isinstance(percent, int | float) or isinstance(percent, bool):
             raise LoRAError("'percent' must be a number 0-100")
         prewarmed = await self._shadow_prewarm(adapter_id, version)
+        force = body.get("force") is True
         release = await asyncio.to_thread(
-            self.plane.canary, adapter_id, version, float(percent), _actor(request)
+            self.plane.canary, adapter_id, version, float(percent), _actor(request), force
         )
         await self._changed()
         return JSONResponse({**_release(release), "prewarmed": prewarmed})

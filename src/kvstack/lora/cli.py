@@ -5,12 +5,16 @@
     kvstack adapters show ID
     kvstack adapters sign ID@V --key private.pem
     kvstack adapters verify ID@V
-    kvstack adapters promote ID@V
-    kvstack adapters canary ID@V --percent 10
+    kvstack adapters promote ID@V               (refused unless the version verifies)
+    kvstack adapters canary ID@V --percent 10   (the same checks)
     kvstack adapters rollback ID
     kvstack adapters disable ID@V
     kvstack adapters keygen --out DIR          (an Ed25519 key pair for signing)
     kvstack adapters audit [ID] [--limit N]
+
+``promote`` and ``canary`` first run every load-time check (digest, signature, base model and
+engine compatibility). ``--force`` skips them, and is refused while ``lora.trusted_keys`` holds
+a key: then the way to release a version is to sign it.
 
 Settings come from the ``lora`` config section (``KVSTACK_CONFIG``, ``KVSTACK_LORA_*``);
 ``--registry-url`` and ``--store`` override the registry URL and the artifact store.
@@ -70,10 +74,17 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("ref", help="ID@VERSION")
     s.add_argument("--key", required=True, type=Path)
     cmd("verify", _verify, "fetch and verify a stored version").add_argument("ref")
-    cmd("promote", _promote, "make a version stable").add_argument("ref")
-    c = cmd("canary", _canary, "send a share of the traffic to a version")
+    pr = cmd("promote", _promote, "make a version stable (once it verifies)")
+    pr.add_argument("ref")
+    c = cmd("canary", _canary, "send a share of the traffic to a version (once it verifies)")
     c.add_argument("ref")
     c.add_argument("--percent", type=float, required=True)
+    for release_parser in (pr, c):
+        release_parser.add_argument(
+            "--force",
+            action="store_true",
+            help="release without verification; refused while lora.trusted_keys is set",
+        )
     cmd("rollback", _rollback, "end a canary, else go back to the previous stable").add_argument(
         "adapter_id"
     )
@@ -189,12 +200,13 @@ def _verify(a: argparse.Namespace) -> int:
 
 
 def _promote(a: argparse.Namespace) -> int:
-    return _print_json(asdict(_plane(a).promote(*_ref(a.ref), a.actor)))
+    return _print_json(asdict(_plane(a).promote(*_ref(a.ref), a.actor, force=a.force)))
 
 
 def _canary(a: argparse.Namespace) -> int:
     adapter_id, version = _ref(a.ref)
-    return _print_json(asdict(_plane(a).canary(adapter_id, version, a.percent, a.actor)))
+    release = _plane(a).canary(adapter_id, version, a.percent, a.actor, force=a.force)
+    return _print_json(asdict(release))
 
 
 def _rollback(a: argparse.Namespace) -> int:

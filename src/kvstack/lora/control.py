@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pydantic import SecretStr
 from starlette.applications import Starlette
 
 from kvstack.errors import ConfigError
@@ -38,11 +39,16 @@ class LoRAControl:
         cls,
         config: LoRAConfig | Mapping[str, Any] | None = None,
         driver: EngineDriver | None = None,
+        engine_api_key: SecretStr | None = None,
     ) -> LoRAControl:
+        """``engine_api_key``: the key the engines require (the router's upstream key)."""
         if not isinstance(config, LoRAConfig):
             config = load_section("lora", LoRAConfig, config)
         log_config_once("lora", config)
-        return cls(config, ControlPlane.from_config(config), driver or HTTPEngineDriver())
+        key = None if engine_api_key is None else engine_api_key.get_secret_value()
+        return cls(
+            config, ControlPlane.from_config(config), driver or HTTPEngineDriver(api_key=key)
+        )
 
     async def start(self) -> None:
         """Refresh the registry, adopt warm files, then keep everything reconciled."""

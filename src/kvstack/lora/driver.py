@@ -53,8 +53,13 @@ class EngineDriver(Protocol):
 
 
 class HTTPEngineDriver:
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client or httpx.AsyncClient()
+    """``api_key``: the engines' API key (vLLM's ``VLLM_API_KEY``, the router's
+    ``auth.upstream_api_key``), sent on every call: with it set on the engines, only holders of
+    the key reach vLLM's adapter endpoints."""
+
+    def __init__(self, client: httpx.AsyncClient | None = None, api_key: str | None = None) -> None:
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        self._client = client or httpx.AsyncClient(headers=headers)
 
     async def aclose(self) -> None:
         await self._client.aclose()

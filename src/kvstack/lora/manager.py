@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstack.errors import AdapterLoadError, LoRAError, VerificationError
-from kvstack.lora.adapters import AdapterVersion
+from kvstack.lora.adapters import AdapterVersion, split_engine_name
 from kvstack.lora.affinity import affinity_scores, rendezvous_order
 from kvstack.lora.audit import AuditLog
 from kvstack.lora.config import AdapterEngineSpec, LoRAConfig, RequestClassBudget
@@ -41,6 +41,7 @@ from kvstack.lora.policy import make_policy
 from kvstack.lora.predict import LoadTimePredictor, reload_estimate
 from kvstack.lora.residency import EngineCache, ResidencyTier
 from kvstack.lora.resolver import AdapterResolution, Resolver
+from kvstack.lora.rollback import AutoRollback
 from kvstack.lora.rules import CacheRules
 from kvstack.lora.serving import not_now, serve
 from kvstack.lora.stats import StatsTable
@@ -103,6 +104,7 @@ class AdapterCacheManager:
             clock,
             self.is_protected,
         )
+        self.rollback = AutoRollback(resolver, audit, self.metrics, clock)
         self.engines: dict[str, EngineState] = {}
         self._homes: dict[str, list[str]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -198,7 +200,12 @@ class AdapterCacheManager:
         budget_s: float | None = None,
     ) -> AdapterDecision:
         """Decide how a request for ``adapter`` is served on ``engine_url`` (see the module doc);
-        waits for a load only when the prediction fits the budget."""
+        waits for a load only when the prediction fits the budget. A released version that
+        fails verification is rolled back (:mod:`kvstack.lora.rollback`) and the request is
+        served by the version stable in its place, unless it pinned the failed one by name."""
+        replaceable = not (
+            isinstance(adapter, AdapterResolution) and split_engine_name(adapter.model)
+        )
         if isinstance(adapter, AdapterResolution):
             adapter = adapter.adapter
         eng = self.engine(engine_url)
@@ -215,7 +222,7 @@ class AdapterCacheManager:
             self.prewarm_on(eng, adapter, "background")
             return not_now(self, eng, adapter, start, klass, "predicted_over_budget", predicted)
         return await self._wait_for_load(
-            eng, adapter, start, klass, request_class, budget, predicted
+            eng, adapter, start, klass, request_class, budget, predicted, replaceable
         )
 
     def hold_for_prefill(
@@ -248,8 +255,10 @@ class AdapterCacheManager:
         request_class: str,
         budget: float | None,
         predicted: float,
+        replaceable: bool,
     ) -> AdapterDecision:
         name, began = adapter.engine_name, self.clock()
+        failure: AdapterLoadError | VerificationError | None = None
         eng.cache.add_waiter(name, +1)
         try:
             task = self._load_task(eng, adapter, request_class)
@@ -258,11 +267,17 @@ class AdapterCacheManager:
         except TimeoutError:
             return not_now(self, eng, adapter, start, klass, "load_exceeded_budget", predicted)
         except (AdapterLoadError, VerificationError) as exc:
-            retry = None if isinstance(exc, VerificationError) else predicted
-            return not_now(self, eng, adapter, start, klass, exc.reason, retry)
+            failure = exc
         finally:
             eng.cache.add_waiter(name, -1)
             eng.notify_released()
+        if isinstance(failure, VerificationError):
+            replacement = self.rollback.replacement(adapter) if replaceable else None
+            if replacement is not None:  # rolled back: served by the version stable now
+                return await self.ensure_hot(eng.spec.url, replacement, request_class, budget)
+            return not_now(self, eng, adapter, start, klass, failure.reason, None)
+        if failure is not None:
+            return not_now(self, eng, adapter, start, klass, failure.reason, predicted)
         if eng.cache.residency(name) is not ResidencyTier.HOT:  # disabled or dropped meanwhile
             return not_now(self, eng, adapter, start, klass, "unloaded_while_waiting", predicted)
         return serve(self, eng, adapter, start, self.clock() - began, predicted)
@@ -283,10 +298,23 @@ class AdapterCacheManager:
         klass = self._request_class(request_class)
         slot = eng.cold_slot(request_class, klass.max_concurrent_cold_loads)
         make = self.loader.make_hot if to is ResidencyTier.HOT else self.loader.make_warm
-        task = asyncio.create_task(make(eng, adapter, slot), name=f"lora-load:{name}")
+        task = asyncio.create_task(
+            self._load(make(eng, adapter, slot), eng, adapter), name=f"lora-load:{name}"
+        )
         eng.loads[name] = task
         task.add_done_callback(lambda t: _forget(eng.loads, name, t))
         return task
+
+    async def _load(
+        self, work: Coroutine[Any, Any, None], eng: EngineState, adapter: AdapterVersion
+    ) -> None:
+        """One load; a verification failure takes the version out of service first (once per
+        load, however many requests wait for it)."""
+        try:
+            await work
+        except VerificationError as exc:
+            await self.rollback.take_out(adapter, exc, eng.spec.url)
+            raise
 
     def prewarm_on(
         self,

@@ -12,6 +12,8 @@ Families: ``kvstack_lora_requests_total{adapter,residency}`` (hit rate per tier)
 ``kvstack_lora_evictions_total{adapter,from_tier,reason}``,
 ``kvstack_lora_fallbacks_total{adapter,action,reason}``,
 ``kvstack_lora_ttft_seconds{adapter,tenant,version,start}`` (start: hot, warm or cold),
+``kvstack_lora_auto_rollbacks_total{adapter,reason}`` (a released version that failed
+verification at load, taken out of service; rare, so the adapter is always named),
 ``kvstack_lora_invariant_violations_total{invariant}`` (pinned_eviction, wrong_version,
 unverified_load — each must stay at zero).
 """
@@ -54,6 +56,11 @@ _TTFT = histogram(
     "kvstack_lora_ttft_seconds",
     "Time to first token observed by the router",
     ["adapter", "tenant", "version", "start"],
+)
+_ROLLBACKS = counter(
+    "kvstack_lora_auto_rollbacks_total",
+    "Released versions taken out of service after failing verification at load",
+    ["adapter", "reason"],
 )
 _INVARIANTS = counter("kvstack_lora_invariant_violations_total", "Must stay zero", ["invariant"])
 
@@ -112,6 +119,9 @@ class LoRAMetrics:
         return metric.labels(*labels)
 
     # -- hooks ----------------------------------------------------------------------------
+
+    def auto_rollback(self, adapter_id: str, reason: str) -> None:
+        _ROLLBACKS.labels(adapter_id, reason).inc()
 
     def request(self, adapter_id: str, residency: str, protected: bool) -> None:
         self._observe(adapter_id)

@@ -116,35 +116,77 @@ class ControlPlane:
         self, adapter_id: str, version: str, actor: str, engine: AdapterEngineSpec | None = None
     ) -> AdapterVersion:
         """Fetch the stored artifact and run every load-time check (for one engine if given)."""
-
-        def work() -> AdapterVersion:
-            adapter = self.registry.get(adapter_id, version)
-            target = engine or _engine_for(adapter)
-            with tempfile.TemporaryDirectory(prefix="kvstack-verify-") as tmp:
-                self.store.fetch(adapter.artifact_uri, Path(tmp), self.config.max_adapter_bytes)
-                self.verifier.verify_for_engine(Path(tmp), adapter, target)
-            return adapter
-
-        return self._audited("verify", actor, adapter_id, version, work, lambda v: v.sha256)
-
-    def promote(self, adapter_id: str, version: str, actor: str) -> Release:
         return self._audited(
-            "promote",
+            "verify",
             actor,
             adapter_id,
             version,
-            lambda: self.registry.promote(adapter_id, version),
+            lambda: self._check(adapter_id, version, engine),
+            lambda v: v.sha256,
         )
 
-    def canary(self, adapter_id: str, version: str, percent: float, actor: str) -> Release:
-        return self._audited(
-            "canary",
-            actor,
-            adapter_id,
-            version,
-            lambda: self.registry.canary(adapter_id, version, percent),
-            note=f"{percent}%",
-        )
+    def promote(self, adapter_id: str, version: str, actor: str, force: bool = False) -> Release:
+        """Make ``version`` stable once it verifies (digest, signature, compatibility with
+        every configured engine of its base model); ``force`` skips that, and only exists
+        while no signing key is trusted (see :meth:`_trusted_before_release`)."""
+
+        def work() -> Release:
+            self._trusted_before_release(adapter_id, version, force)
+            return self.registry.promote(adapter_id, version)
+
+        return self._audited("promote", actor, adapter_id, version, work, note=_forced(force))
+
+    def canary(
+        self, adapter_id: str, version: str, percent: float, actor: str, force: bool = False
+    ) -> Release:
+        """Send ``percent`` % of the traffic to ``version`` once it verifies (as promote)."""
+
+        def work() -> Release:
+            self._trusted_before_release(adapter_id, version, force)
+            return self.registry.canary(adapter_id, version, percent)
+
+        note = f"{percent}%" + (f"; {_forced(force)}" if force else "")
+        return self._audited("canary", actor, adapter_id, version, work, note=note)
+
+    def _trusted_before_release(self, adapter_id: str, version: str, force: bool) -> None:
+        """Refuse to release a version that does not verify. ``force`` is accepted only when
+        ``lora.trusted_keys`` is empty: with a signing key configured, the only way to
+        release is to sign."""
+        if not force:
+            self._check(adapter_id, version, None)
+            return
+        if self.config.trusted_keys:
+            raise LoRAError(
+                "--force is refused while lora.trusted_keys is configured: sign the version "
+                f"(kvstack adapters sign {adapter_id}@{version} --key KEY) and release it then"
+            )
+
+    def _check(
+        self, adapter_id: str, version: str, engine: AdapterEngineSpec | None
+    ) -> AdapterVersion:
+        """Every load-time check of the stored artifact: digest, signature, files, shapes
+        against the base model (its revision included), then compatibility with ``engine``,
+        or else with at least one configured engine of its base model (a fleet may mix
+        engines of different LoRA ranks)."""
+        adapter = self.registry.get(adapter_id, version)
+        with tempfile.TemporaryDirectory(prefix="kvstack-verify-") as tmp:
+            self.store.fetch(adapter.artifact_uri, Path(tmp), self.config.max_adapter_bytes)
+            self.verifier.verify_for_engine(Path(tmp), adapter, engine or _engine_for(adapter))
+        if engine is None:
+            self._check_some_engine(adapter)
+        return adapter
+
+    def _check_some_engine(self, adapter: AdapterVersion) -> None:
+        engines = [e for e in self.config.engines if e.base_model == adapter.base_model]
+        failures: list[VerificationError] = []
+        for spec in engines:
+            try:
+                self.verifier.check_compatible(adapter, spec)
+                return
+            except VerificationError as exc:
+                failures.append(exc)
+        if failures:
+            raise failures[0]
 
     def rollback(self, adapter_id: str, actor: str) -> Release:
         return self._audited(
@@ -190,6 +232,10 @@ class ControlPlane:
             )
         )
         return result
+
+
+def _forced(force: bool) -> str:
+    return "forced: released without verification" if force else ""
 
 
 def _ms(start: float) -> float:

@@ -10,6 +10,9 @@ Release transitions (``stable`` / ``canary`` are versions, ``rollback_to`` where
 - ``canary(v, p)``: v takes p % of the traffic; a previous canary goes back to staged.
 - ``rollback()``: ends a canary if there is one, else makes rollback_to stable again.
 - ``disable(v)``: v is never served again; if it was stable the adapter has no stable version.
+- ``revert(v)``: v, released but failing verification at load, leaves service: a canary v is
+  ended; a stable v gives way to rollback_to (v is staged, so only a new promote, which
+  verifies, can bring it back).
 """
 
 from __future__ import annotations
@@ -116,6 +119,28 @@ class AdapterRegistry:
             self._servable(conn, adapter_id, back)
             if release.stable_version is not None:
                 self._set_status(conn, adapter_id, release.stable_version, Status.STAGED)
+            self._set_status(conn, adapter_id, back, Status.ACTIVE)
+            return self._set_release(conn, adapter_id, stable_version=back, rollback_to=None)
+
+    def revert(self, adapter_id: str, failed: str) -> Release | None:
+        """Take ``failed`` out of service (see the module doc); the new release, or None when
+        ``failed`` is neither canary nor stable now, or is stable with nothing to go back to
+        (then nothing changes). Idempotent: a second router seeing the same failure finds the
+        release already changed and gets None."""
+        with self._engine.begin() as conn:
+            release = self._release_for_update(conn, adapter_id)
+            if release is None:
+                return None
+            if release.canary_version == failed:
+                self._set_status(conn, adapter_id, failed, Status.STAGED)
+                return self._set_release(conn, adapter_id, canary_version=None, canary_percent=0.0)
+            back = release.rollback_to
+            if release.stable_version != failed or back is None:
+                return None
+            target = self._get(conn, adapter_id, back)
+            if target is None or target.status is Status.DISABLED:
+                return None
+            self._set_status(conn, adapter_id, failed, Status.STAGED)
             self._set_status(conn, adapter_id, back, Status.ACTIVE)
             return self._set_release(conn, adapter_id, stable_version=back, rollback_to=None)
 

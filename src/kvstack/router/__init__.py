@@ -3,6 +3,7 @@
 A request's path (each step one module)::
 
     http.app.RouterApp       http.parse: the body parsed once; http.auth: the API key
+      tenancy.Tenancy        the tenant's cache_salt, its priority cap, who sees internals
       Router.resolve_target  scheduling.model_routes: client name -> target (alias, weighted
                              canary); adapters: a registered LoRA adapter -> its base model
       proxy.Proxy            decide -> attempt -> retry, with the scheduling.scheduler:
@@ -21,6 +22,7 @@ A request's path (each step one module)::
       observers              dispatch / first token / finish: routed beliefs, TTFT learning,
                              admission room, LoRA in-flight and adapter release
       telemetry              kvstack_router_* metrics; x-kvstack-backend / -decision headers
+                             (the decision's details only for privileged callers)
 
 What the stages learn about one request travels in its typed ``RoutingRequest.state``
 (:mod:`kvstack.router.request`). Around the path: discovery (static list or Kubernetes) fills

@@ -46,7 +46,7 @@ from kvstack.router.config import AdaptersConfig
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.http.responses import ASGIApp
 from kvstack.router.pd.plan import PrefillModel
-from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins.base import Filter, PluginContext
 
 if TYPE_CHECKING:
@@ -148,7 +148,6 @@ class AdapterStage(Filter):
             f"{resolution.engine_name} (lora.engines)",
             503,
             code="no_engine_for_base_model",
-            kind="service_unavailable",
         )
 
     # -- 2. filter ------------------------------------------------------------------------
@@ -186,11 +185,10 @@ class AdapterStage(Filter):
                 f"adapter {resolution.engine_name} cannot be served now ({decision.reason})",
                 503,
                 code="adapter_unavailable",
-                kind="service_unavailable",
                 retry_after_s=decision.retry_after_s,
             )
         request.state.adapter_decisions[attempt.backend.id] = decision
-        attempt.body = encode_body({**request.body, "model": decision.model})
+        attempt.body = request.body_with_model(attempt.body, decision.model)
         for name, value in decision.headers().items():
             attempt.response_headers.append((name.encode(), value.encode("latin-1", "replace")))
 

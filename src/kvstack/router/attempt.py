@@ -43,8 +43,13 @@ class Attempt:
     def backend(self) -> BackendState:
         return self.decision.backend
 
+    def public_decision_header(self) -> str:
+        """The ``x-kvstack-decision`` value for callers without the admin key: the backend and
+        the reason only (no match counts, scores or another backend's state)."""
+        return f"backend={self.decision.backend.id};reason={self.decision.reason}"
+
     def decision_header(self) -> str:
-        """The ``x-kvstack-decision`` header value."""
+        """The full ``x-kvstack-decision`` header value (admin key or ``debug_headers``)."""
         parts = [self.decision.header(), *self.notes]
         if self.number > 1:
             parts.append(f"attempt={self.number}")

@@ -8,6 +8,9 @@ flags, then ``KVSTACK_ROUTER_*`` environment variables. Examples::
     kvstack router --discovery kubernetes --k8s-selector app=vllm --k8s-namespace llm
     kvstack router --backend http://a:8000 --tokenizer llama=/models/llama \
         --kv-event-source http://a:8000=tcp://a:5557 --admission priority
+
+production-stack's router flags work too (``--service-discovery static --static-backends
+URL,URL --static-models M,M --routing-logic prefixaware``): :mod:`kvstack.router.cli_aliases`.
 """
 
 from __future__ import annotations
@@ -15,12 +18,16 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ConfigError
+from kvstack.router.cli_aliases import add_production_stack_flags, production_stack_settings
 from kvstack.router.config import RouterConfig
 from kvstack.router.scheduling.config import POLICIES
-from kvstack.section import load_section, log_config_once
+from kvstack.section import deep_merge, load_section, log_config_once
+
+if TYPE_CHECKING:
+    from kvstack.router.router import Router
 
 __all__ = ["parse_args", "run"]
 
@@ -60,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--index-url", help="kvstack index server, for kvstack tier credit")
     p.add_argument("--admission", help="admission plugin: immediate or priority")
     p.add_argument("--seed", type=int, help="seed of random choices")
+    add_production_stack_flags(p)
     return p
 
 
@@ -86,6 +94,7 @@ def parse_args(argv: list[str]) -> tuple[RouterConfig, argparse.Namespace]:
     discovery = _discovery(args)
     if discovery:
         data["discovery"] = discovery
+    data = deep_merge(production_stack_settings(args), data)  # kvstack's own flags win
     return load_section("router", RouterConfig, data, path=args.config), args
 
 
@@ -165,19 +174,32 @@ def run(command: str, argv: list[str]) -> int:
     log_config_once("router", config)
     from kvstack.router.http.server import build_server, tune_gc
 
-    router = None
-    if config.adapters.enabled:
-        from kvstack.lora.config import LoRAConfig
-        from kvstack.lora.control import LoRAControl
-        from kvstack.router.router import Router
-
-        try:
-            lora = LoRAControl.from_config(load_section("lora", LoRAConfig, path=args.config))
-        except ConfigError as exc:
-            print(f"kvstack router: {exc}", file=sys.stderr)
-            return 2
-        router = Router(config, lora=lora)
+    try:
+        router = _router(config, args.config)
+    except ConfigError as exc:
+        print(f"kvstack router: {exc}", file=sys.stderr)
+        return 2
     server = build_server(config, router)
     tune_gc()
     server.run()
     return 0 if server.started else 1
+
+
+def _router(config: RouterConfig, path: str | None) -> Router:
+    """The router with its LoRA control plane (``lora`` section) and tenancy (``security``
+    section, for the tenant salt key) read from the same file as the ``router`` section."""
+    from kvstack.router.router import Router
+    from kvstack.router.tenancy import Tenancy
+
+    lora = None
+    if config.adapters.enabled:
+        from kvstack.lora.config import LoRAConfig
+        from kvstack.lora.control import LoRAControl
+
+        lora = LoRAControl.from_config(
+            load_section("lora", LoRAConfig, path=path),
+            engine_api_key=config.auth.upstream_api_key,
+        )
+    lora_admin = None if lora is None else lora.config.admin_key
+    extra = [] if lora_admin is None else [lora_admin.get_secret_value()]
+    return Router(config, lora=lora, tenancy=Tenancy.from_environment(config, extra, path))

@@ -10,6 +10,12 @@ A minimal file::
         - name: support
           targets: [{model: support-v1, weight: 90}, {model: support-v2, weight: 10}]
       model_aliases: {gpt-4o-mini: toy-llama}
+      auth:
+        api_keys_file: /etc/kvstack/api-keys        # "KEY TENANT" lines
+      tenants:                                      # KV never crosses tenants unless shared here
+        acme: {max_priority: critical}
+        docs-a: {kv_namespace: shared-docs}         # docs-a and docs-b share KV
+        docs-b: {kv_namespace: shared-docs}
 
 ``policy`` names a preset pipeline; ``pipeline`` spells one out (filters, weighted scorers, a
 picker, each by registered name with ``args``) and wins over ``policy`` when given.
@@ -25,7 +31,7 @@ from typing import Any
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from kvstack.router.admission.config import PRIORITIES
+from kvstack.router.admission.config import PRIORITIES, Priority
 from kvstack.router.fleet.config import (
     BackendConfig,
     DiscoveryConfig,
@@ -56,6 +62,7 @@ __all__ = [
     "PrefixConfig",
     "RetryConfig",
     "RouterConfig",
+    "RouterTenantConfig",
     "ScrapeConfig",
     "TimeoutsConfig",
 ]
@@ -96,6 +103,13 @@ class LimitsConfig(Section):
         default=16 * 2**20, gt=0, description='largest request body; sizes like "16MiB" accepted'
     )
 
+    stored_response_ids: int = Field(
+        default=65536,
+        ge=1,
+        description="Responses API ids remembered with the backend holding each (GET "
+        "/v1/responses/{id}, cancel, previous_response_id reach it); oldest forgotten first",
+    )
+
     @field_validator("max_request_bytes", mode="before")
     @classmethod
     def _size(cls, value: Any) -> Any:
@@ -116,7 +130,29 @@ class AuthConfig(Section):
         description='file of "KEY [TENANT]" lines (# comments); re-read when it changes',
     )
     upstream_api_key: SecretStr | None = Field(
-        default=None, description="bearer token the router sends to backends"
+        default=None,
+        description="bearer token the router sends to backends (vLLM's VLLM_API_KEY): on "
+        "proxied requests, health and model reads, scrapes and adapter loads",
+    )
+    admin_key: SecretStr | None = Field(
+        default=None,
+        description="a request sending it in x-kvstack-admin-key gets the full "
+        "x-kvstack-decision header (match counts, scores); lora.admin_key works too",
+    )
+
+
+class RouterTenantConfig(Section):
+    """What one tenant (the name its API keys carry) may do and share."""
+
+    kv_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        description="tenants naming the same namespace share KV (engine prefix cache, kvstack "
+        "tiers, routing credit); none: the tenant's KV is its own",
+    )
+    max_priority: Priority = Field(
+        default="standard",
+        description="highest x-kvstack-priority the tenant may ask for; a higher one is lowered",
     )
 
 
@@ -227,6 +263,20 @@ class RouterConfig(Section):
     retry: RetryConfig = Field(default_factory=RetryConfig, description="retries")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="request limits")
     auth: AuthConfig = Field(default_factory=AuthConfig, description="API keys")
+    tenants: dict[str, RouterTenantConfig] = Field(
+        default_factory=dict,
+        description="per tenant (the name an API key carries): KV namespace, highest priority",
+    )
+    default_max_priority: Priority = Field(
+        default="standard",
+        description="highest x-kvstack-priority of callers without an API key and of tenants "
+        "not listed in `tenants` (critical skips admission: grant it per tenant)",
+    )
+    debug_headers: bool = Field(
+        default=False,
+        description="every caller gets the full x-kvstack-decision header; off: only callers "
+        "with the admin key (others see the backend and the reason)",
+    )
     adapters: AdaptersConfig = Field(
         default_factory=AdaptersConfig, description="LoRA adapters via the control plane"
     )

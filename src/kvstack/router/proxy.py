@@ -10,7 +10,8 @@ timeout; once bytes reached the client nothing is retried.
 
 Per attempt the backend's load lease is taken at dispatch (so concurrent decisions see it),
 its prefill share is returned at the first upstream byte, the request share when the attempt
-ends however it ends. Failures feed passive ejection; a success clears it.
+ends however it ends (:class:`~kvstack.router.inflight.InFlight`, shared with the endpoint
+picker). Failures feed passive ejection; a success clears it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from kvstack.router.attempt import Attempt, AttemptStep
 from kvstack.router.config import RetryConfig, RouterConfig
 from kvstack.router.fleet.backends import BackendState
 from kvstack.router.http.responses import HOP_BY_HOP, RawHeaders, Send
-from kvstack.router.request import REQUEST_ID_HEADER, AnswerStart, RoutingRequest
+from kvstack.router.inflight import InFlight
+from kvstack.router.request import ADMIN_HEADER, REQUEST_ID_HEADER, RoutingRequest
 from kvstack.router.scheduling.pipeline import RoutingDecision
 from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.telemetry import Telemetry
@@ -129,26 +131,18 @@ class Proxy:
         """Dispatch the attempt and relay its answer; observers see dispatch, first token and
         finish, the load lease follows them."""
         backend = attempt.backend
-        lease = backend.load.acquire(request.prefill_tokens(backend.id))
         exchange.backend = backend.id
         exchange.extra_headers = self._response_headers(request, backend.id, attempt)
-        observers = self.scheduler.observers
-        for observer in observers:
-            observer.on_dispatch(request, backend)
+        flight = InFlight(request, backend, self.scheduler.observers)
         outcome = "cancelled"
         try:
             exchange.upstream_sent_s = time.perf_counter()
             opened = await self.relay.open(
                 backend.url, request.path, attempt.headers, attempt.body, backend.id,
-                request.stream, total,
+                request.stream, total, request.method,
             )  # fmt: skip
             exchange.upstream_first_byte_s = time.perf_counter()
-            ttft_s = exchange.upstream_first_byte_s - request.arrival_s
-            request.state.answer = AnswerStart(backend.id, opened.first, ttft_s)
-            lease.first_token()
-            backend.ejection.record_success()
-            for observer in observers:
-                observer.on_first_token(request, backend, ttft_s)
+            flight.first_byte(opened.first, exchange.upstream_first_byte_s - request.arrival_s)
             outcome = await self.relay.deliver(opened, send, exchange, total)
             if outcome != "ok":
                 self.telemetry.stream_abort(outcome)
@@ -156,9 +150,7 @@ class Proxy:
             outcome = exc.kind
             raise
         finally:
-            lease.release()
-            for observer in observers:
-                observer.on_finish(request, backend, outcome)
+            flight.finish(outcome)
 
     def _failed(self, backend: BackendState, exc: UpstreamError, retries: Retries) -> None:
         if retries.failed(exc):
@@ -170,6 +162,7 @@ class Proxy:
         headers = {k: v for k, v in request.headers.items() if k not in HOP_BY_HOP}
         if self._drop_client_auth:
             headers.pop("authorization", None)
+        headers.pop(ADMIN_HEADER, None)
         if self._upstream_auth is not None:
             headers["authorization"] = self._upstream_auth
         headers[REQUEST_ID_HEADER] = request.request_id
@@ -180,11 +173,21 @@ class Proxy:
         headers.setdefault("content-type", "application/json")
         return headers
 
+    def answer_headers(
+        self, request: RoutingRequest, backend_id: str, attempt: Attempt
+    ) -> RawHeaders:
+        """The router's headers on the client's answer (the endpoint picker adds them too)."""
+        return self._response_headers(request, backend_id, attempt)
+
     @staticmethod
     def _response_headers(request: RoutingRequest, backend_id: str, attempt: Attempt) -> RawHeaders:
+        # Match counts and scores tell whether a prompt is cached: admin key or debug only.
+        decision = (
+            attempt.decision_header() if request.privileged else attempt.public_decision_header()
+        )
         return [
             (BACKEND_HEADER, backend_id.encode("latin-1", "replace")),
-            (DECISION_HEADER, attempt.decision_header().encode("latin-1", "replace")),
+            (DECISION_HEADER, decision.encode("latin-1", "replace")),
             (REQUEST_ID_HEADER.encode(), request.request_id.encode("latin-1", "replace")),
             *attempt.response_headers,
         ]

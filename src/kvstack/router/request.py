@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 
+from kvstack.router.http.forms import replace_form_field
+
 if TYPE_CHECKING:
     from kvstack.index.radix import Owner, PrefixMatch
     from kvstack.index.radix_node import Node
@@ -43,6 +45,8 @@ if TYPE_CHECKING:
     from kvstack.router.scheduling.tokenizers import PromptTokens
 
 __all__ = [
+    "ADMIN_HEADER",
+    "GENERATION_ENDPOINTS",
     "PATHS",
     "AnswerStart",
     "Endpoint",
@@ -52,9 +56,21 @@ __all__ = [
     "prompt_text",
 ]
 
-Endpoint = Literal["completions", "chat"]
-PATHS: Mapping[Endpoint, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# The generation endpoints have their prompt rendered for prefix-aware routing; "other" is any
+# route forwarded by model alone (embeddings, tokenize, audio, ...: kvstack.router.http.routes).
+Endpoint = Literal["completions", "chat", "responses", "messages", "chat_batch", "other"]
+GENERATION_ENDPOINTS: frozenset[Endpoint] = frozenset(
+    {"completions", "chat", "responses", "messages", "chat_batch"}
+)
+PATHS: Mapping[Endpoint, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "chat_batch": "/v1/chat/completions/batch",
+}
 PRIORITY_HEADER = "x-kvstack-priority"
+ADMIN_HEADER = "x-kvstack-admin-key"  # never forwarded to a backend
 REQUEST_ID_HEADER = "x-request-id"
 _encoder = msgspec.json.Encoder()
 
@@ -112,9 +128,13 @@ class RoutingRequest:
     session_id: str | None = None  # header, else the OpenAI `user` field
     user: str | None = None
     tenant: str | None = None  # from the API key
+    privileged: bool = False  # may see routing internals (admin key, or router.debug_headers)
     headers: Mapping[str, str] = field(default_factory=dict)
     body: Mapping[str, Any] = field(default_factory=dict)
     arrival_s: float = 0.0  # time.perf_counter() at arrival
+    method: str = "POST"
+    route_path: str = ""  # the path (and query) sent upstream; "" for the endpoint's own
+    pinned_backend: str | None = None  # only this backend may answer (it holds the state)
     state: RequestState = field(default_factory=RequestState, compare=False, repr=False)
 
     def with_target(self, target: str, **changes: Any) -> RoutingRequest:
@@ -123,8 +143,19 @@ class RoutingRequest:
 
     @property
     def path(self) -> str:
-        """The backend path of the endpoint (``/v1/completions``, ``/v1/chat/completions``)."""
-        return PATHS[self.endpoint]
+        """The backend path: the route's own (with its query), else the endpoint's."""
+        return self.route_path or PATHS[self.endpoint]
+
+    @property
+    def is_form(self) -> bool:
+        """The body is ``multipart/form-data`` (the audio routes), not JSON."""
+        return self.headers.get("content-type", "").startswith("multipart/form-data")
+
+    def body_with_model(self, raw: bytes, model: str) -> bytes:
+        """``raw`` (this request's body as it stands) with its ``model`` replaced."""
+        if self.is_form:
+            return replace_form_field(raw, self.headers["content-type"], "model", model)
+        return encode_body({**self.body, "model": model})
 
     @property
     def text(self) -> str:

@@ -28,12 +28,14 @@ from kvstack.router.http.auth import ApiKeys
 from kvstack.router.http.responses import ASGIApp
 from kvstack.router.pd.step import PrefillStep
 from kvstack.router.proxy import Proxy
-from kvstack.router.request import RoutingRequest, encode_body
+from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.model_routes import ModelRouter
 from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
 from kvstack.router.scheduling.plugins.base import Plugin, PluginContext
 from kvstack.router.scheduling.scheduler import RoutingScheduler
+from kvstack.router.scheduling.services import prefix_state
 from kvstack.router.telemetry import Telemetry
+from kvstack.router.tenancy import Tenancy
 from kvstack.router.upstream.control import ControlClient
 from kvstack.router.upstream.pool import UpstreamPool
 from kvstack.router.upstream.relay import Relay
@@ -49,19 +51,22 @@ log = logging.getLogger(__name__)
 class Router:
     """``lora``: the adapter control plane, when ``config.adapters.enabled`` (the CLI builds it
     from the ``lora`` section of the same file; without it, one is built from the environment's
-    config)."""
+    config). ``tenancy``: cache salts, priority caps and privilege (:mod:`kvstack.router.tenancy`);
+    without it, one keyed by the environment's ``security`` section."""
 
     def __init__(
         self,
         config: RouterConfig,
         discovery: Discovery | None = None,
         lora: LoRAControl | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.config = config
         rng = random.Random(config.seed)
         self.pool = BackendPool(stale_after_s=config.scrape.stale_after_s)
         self.discovery = discovery or make_discovery(config)
-        self.client = ControlClient()  # control plane: health, models, metrics
+        # control plane: health, models, metrics (with the engines' key: vLLM guards /v1/*)
+        self.client = ControlClient(config.auth.upstream_api_key)
         self.upstreams = UpstreamPool(config.timeouts.connect_s)  # the proxied requests
         self.auth = ApiKeys(config.auth)
         self.telemetry = Telemetry()
@@ -70,12 +75,18 @@ class Router:
         if config.adapters.enabled and lora is None:
             from kvstack.lora.control import LoRAControl
 
-            self.lora = LoRAControl.from_config()
+            self.lora = LoRAControl.from_config(engine_api_key=config.auth.upstream_api_key)
         self.adapters = self._adapter_stage()
+        self.tenancy = tenancy or Tenancy.from_environment(config, self._lora_admin_keys())
         self.pipeline = self._pipeline()
         self.admission: Admission = build_plugin(
             ADMISSIONS.get(config.admission.name), config.admission, self.context
         )
+        if config.prefix.share_url:  # replicas share their soft state (router.prefix.replicas)
+            from kvstack.router.prefix.replicas import ReplicaSync
+
+            prefix = prefix_state(self.context)
+            self.context.services["replicas"] = ReplicaSync(config.prefix, prefix, self.pool)
         # Services the plugins created (prefix state, cost model): shared, started first.
         self.services: list[Any] = list(self.context.services.values())
         self.models = ModelRouter(config.models, config.model_aliases, rng)
@@ -94,6 +105,10 @@ class Router:
             None if self.adapters is None else self.adapters.admin_app()
         )
         self._started = False
+
+    def _lora_admin_keys(self) -> list[str]:
+        key = None if self.lora is None else self.lora.config.admin_key
+        return [] if key is None else [key.get_secret_value()]
 
     def _adapter_stage(self) -> AdapterStage | None:
         if self.lora is None:
@@ -165,7 +180,7 @@ class Router:
             return self.adapters.resolve(request), body  # registered, no engine has it loaded
         if route.target != request.model:
             request = request.with_target(route.target)
-            body = encode_body({**request.body, "model": route.target})
+            body = request.body_with_model(body, route.target)
         if self.adapters is not None:
             request = self.adapters.resolve(request)
         return request, body
@@ -184,10 +199,15 @@ class Router:
 
     def models_payload(self, tenant: str | None = None) -> dict[str, Any]:
         """``/v1/models``: the union of the backends' lists, then routes and aliases, then the
-        registry's adapters (only the tenant's own when the API key names a tenant)."""
+        registry's adapters. A caller with a tenant sees only that tenant's adapters: the
+        adapters the engines list (other tenants' among them) are left out of its list, and
+        the registry contributes the tenant's own."""
         seen: dict[str, dict[str, Any]] = {}
+        hide_adapters = tenant is not None and self.config.adapters.tenant_isolation
         for state in self.pool.states():
             for entry in state.model_entries or [_plain(m) for m in sorted(state.models)]:
+                if hide_adapters and (entry.get("parent") or entry.get("id") in state.adapters):
+                    continue
                 seen.setdefault(str(entry.get("id")), entry)
         for entry in self.models.listed():
             seen.setdefault(entry["id"], entry)

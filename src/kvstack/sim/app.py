@@ -1,10 +1,11 @@
 """The simulated engine's HTTP API (Starlette): vLLM's OpenAI routes and admin routes.
 
 ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``, ``/version``,
-``/metrics``, ``/tokenize``, ``/reset_prefix_cache``, and, with LoRA enabled,
+``/metrics``, ``/tokenize``, ``/detokenize``, ``/reset_prefix_cache``, and, with LoRA enabled,
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with vLLM's checks, messages and
 status codes (400 missing field, name taken, name of the base model; 404 unknown adapter or
-missing path). ``x-request-id`` names the request (``cmpl-<id>``) and is echoed back.
+missing path). ``x-request-id`` names the request (``cmpl-<id>``) and is echoed back. With an
+``api_key``, ``/v1`` routes need it, as vLLM's (:mod:`kvstack.sim.auth`).
 """
 
 from __future__ import annotations
@@ -13,20 +14,24 @@ import asyncio
 import os
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from kvstack.sim.auth import ApiKeyMiddleware
 from kvstack.sim.engine import SimEngine
-from kvstack.sim.generate import error_response, handle_generate
+from kvstack.sim.generate import error_response, handle_generate, not_found_model
 from kvstack.sim.protocol import APIError, bad_request
 from kvstack.sim.request import Adapter
 from kvstack.sim.tokenizer import ChatError
+from kvstack.sim.validation import ChatTokenizeBody, DetokenizeBody, TokenizeBody, read_body
 
 __all__ = ["VLLM_VERSION", "build_app"]
 
@@ -63,6 +68,9 @@ def build_app(engine: SimEngine) -> Starlette:
     async def tokenize(request: Request) -> Response:
         return await _tokenize(engine, request)
 
+    async def detokenize(request: Request) -> Response:
+        return await _detokenize(engine, request)
+
     async def reset_prefix_cache(request: Request) -> Response:
         if engine.reset_prefix_cache():
             return Response(status_code=200)
@@ -82,6 +90,7 @@ def build_app(engine: SimEngine) -> Starlette:
         Route("/version", version, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
         Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
     ]
     if engine.config.enable_lora:  # vLLM registers these only when runtime updates are on
@@ -89,7 +98,17 @@ def build_app(engine: SimEngine) -> Starlette:
             Route("/v1/load_lora_adapter", load_lora, methods=["POST"]),
             Route("/v1/unload_lora_adapter", unload_lora, methods=["POST"]),
         ]
-    return Starlette(routes=routes)
+    key = engine.config.api_key
+    guard = [] if key is None else [Middleware(ApiKeyMiddleware, api_key=key.get_secret_value())]
+    # As vLLM's FastAPI app answers a path or method it has no route for: FastAPI's own body.
+    return Starlette(
+        routes=routes, middleware=guard, exception_handlers={HTTPException: _http_error}
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    http = cast(HTTPException, exc)  # registered for HTTPException only
+    return _json({"detail": http.detail}, http.status_code)
 
 
 def _permission(created: int) -> list[dict[str, Any]]:
@@ -127,27 +146,25 @@ def _model_list(engine: SimEngine, created: int) -> dict[str, Any]:
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    try:
-        body = msgspec.json.decode(await request.body())
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+    body = _decode_json(await request.body())
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise APIError(400, "the request body must be a JSON object", "Bad Request", "body")
     return body
 
 
 async def _tokenize(engine: SimEngine, request: Request) -> Response:
     try:
-        body = await _json_body(request)
+        body = _decode_json(await request.body())
         tok = engine.tokenizer
-        if "messages" in body:
-            tokens = tok.apply_chat_template(
-                body["messages"], body.get("add_generation_prompt", True)
-            )
-        elif isinstance(body.get("prompt"), str):
-            tokens = tok.encode(body["prompt"])
+        if isinstance(body, dict) and "messages" in body:
+            chat = read_body(ChatTokenizeBody, body)
+            _check_model(engine, chat.model)
+            messages = [m.model_dump() for m in chat.messages]
+            tokens = tok.apply_chat_template(messages, chat.add_generation_prompt)
         else:
-            raise bad_request("send 'prompt' (a string) or 'messages'", "prompt")
+            plain = read_body(TokenizeBody, body)
+            _check_model(engine, plain.model)
+            tokens = tok.encode(plain.prompt)
     except ChatError as exc:
         return error_response(bad_request(str(exc), "messages"))
     except APIError as exc:
@@ -156,6 +173,36 @@ async def _tokenize(engine: SimEngine, request: Request) -> Response:
         {"count": len(tokens), "max_model_len": engine.config.max_model_len,
          "tokens": tokens, "token_strs": None}
     )  # fmt: skip
+
+
+async def _detokenize(engine: SimEngine, request: Request) -> Response:
+    try:
+        body = read_body(DetokenizeBody, _decode_json(await request.body()))
+        _check_model(engine, body.model)
+        tokens = engine.tokenizer.check_ids(body.tokens)
+    except ValueError as exc:
+        return error_response(bad_request(str(exc)))
+    except APIError as exc:
+        return error_response(exc)
+    return _json({"prompt": engine.tokenizer.decode(tokens)})
+
+
+def _decode_json(raw: bytes) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise APIError(
+            400, f"1 validation error:\n  JSON decode error: {exc}", "Bad Request", "body"
+        ) from None
+
+
+def _check_model(engine: SimEngine, model: str | None) -> None:
+    """vLLM's 404 for a model it does not serve (the base model or a loaded adapter)."""
+    if model is None or model == engine.config.model:
+        return
+    if engine.config.enable_lora and engine.loras.get(model) is not None:
+        return
+    raise not_found_model(engine, model)
 
 
 def _missing(field: str) -> APIError:

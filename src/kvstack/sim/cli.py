@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import types
 import typing
@@ -80,6 +81,8 @@ _EVENT_KEYS = {
 def _vllm_aliases(args: argparse.Namespace) -> dict[str, Any]:
     """Flags spelled as vLLM spells them, so a vLLM launch line works with few changes."""
     out: dict[str, Any] = {}
+    if args.api_key is None and os.environ.get("VLLM_API_KEY"):
+        out["api_key"] = os.environ["VLLM_API_KEY"]  # vLLM's way to keep it off the command line
     if args.model_alias:
         out["model"] = args.model_alias
     if args.kv_events_config:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SecretStr, model_validator
 
 from kvstack.section import Section
 
@@ -111,6 +111,12 @@ class SimConfig(Section):
     )
     tier_bytes_per_s: float = Field(
         default=10e9, gt=0, description="modelled tier-to-GPU bandwidth"
+    )
+    # -- access ------------------------------------------------------------------------------
+    api_key: SecretStr | None = Field(
+        default=None,
+        description="vLLM's --api-key: /v1 routes need 'Authorization: Bearer KEY' (the "
+        "sim-engine command also reads VLLM_API_KEY, as vLLM does)",
     )
     # -- output ------------------------------------------------------------------------------
     seed: int = Field(default=0, description="seed of the synthetic output tokens")

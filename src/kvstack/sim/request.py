@@ -91,7 +91,15 @@ class SimRequest:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    def progress(self) -> asyncio.Future[None]:
+        """Done after the next step that produces tokens for this request or finishes it.
+
+        Created at the call, not when awaited, so a handler waiting on several requests
+        misses no step between its check and its wait."""
+        if self._waiter is None or self._waiter.done():
+            self._waiter = asyncio.get_running_loop().create_future()
+        return self._waiter
+
     async def wait_for_progress(self) -> None:
         """Return after the next step that produced tokens for this request or finished it."""
-        self._waiter = asyncio.get_running_loop().create_future()
-        await self._waiter
+        await self.progress()

@@ -36,9 +36,11 @@ class TierLink:
     def from_config(cls, config: SimConfig) -> TierLink:
         from kvstack.kv.cache import KVCache
         from kvstack.kv.config import KVConfig
+        from kvstack.security import load_security
 
         kv = KVConfig(model=config.model, chunk_size=config.kv_chunk_size, tiers=config.kv_tiers)
-        return cls(KVCache(kv))
+        # the cluster secret (KVSTACK_SECURITY_*, as `kvstack up` passes it): sealed chunks
+        return cls(KVCache(kv, keys=load_security()[1]))
 
     async def lookup(self, tokens: Sequence[int], adapter: str | None, salt: str | None) -> int:
         """Prompt tokens held by the tiers (a chunk-aligned prefix)."""

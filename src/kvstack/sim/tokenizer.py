@@ -4,8 +4,9 @@
   ``encode`` round-trip: ``decode([523, 77]) == " t523 t77"``).
 - The special words below are their ids; any other word maps to a stable id in
   ``[NUM_SPECIAL, vocab_size)`` via BLAKE2b, identical in every process.
-- Chat: each message is ``<|role|>`` + content tokens + ``<|end|>``; the generation prompt
-  appends ``<|assistant|>``. No BOS token is added (like the toy model's tokenizer).
+- Chat: each message is ``<|role|>`` + content tokens + ``<|end|>`` (any role: an unknown one
+  is the word ``<|role|>``); the generation prompt appends ``<|assistant|>``. No BOS token is
+  added (like the toy model's tokenizer).
 
 So a prompt of exactly N tokens is N words, and ``"t17 t18 t19"`` names token ids directly.
 """
@@ -97,11 +98,10 @@ class SimTokenizer:
         tokens: list[int] = []
         for index, message in enumerate(messages):
             role = message.get("role")
-            role_token = _ROLE_TOKENS.get(role) if isinstance(role, str) else None
-            if role_token is None:
-                allowed = ", ".join(sorted(_ROLE_TOKENS))
-                raise ChatError(f"messages[{index}].role {role!r} is not one of: {allowed}")
-            tokens.append(role_token)
+            if not isinstance(role, str):
+                raise ChatError(f"messages[{index}].role must be a string, got {role!r}")
+            # Any role renders, as with vLLM's templates: an unknown one is its own word.
+            tokens.append(_ROLE_TOKENS.get(role) or self._word_id(f"<|{role}|>"))
             tokens += self.encode(_content_text(message.get("content"), index))
             tokens.append(_END)
         if add_generation_prompt:
@@ -114,7 +114,7 @@ class SimTokenizer:
             if not isinstance(token, int) or isinstance(token, bool):
                 raise ValueError(f"token id {token!r} is not an integer")
             if not 0 <= token < self.vocab_size:
-                raise ValueError(f"token id {token} is out of range [0, {self.vocab_size})")
+                raise ValueError(f"Token id {token} is out of vocabulary")
         return list(tokens)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvstack.errors import ConfigError, StackError
 from kvstack.section import load_section
+from kvstack.security import load_security
 from kvstack.stack.config import StackConfig
 from kvstack.stack.cores import format_cpu_list
 from kvstack.stack.supervisor import Stack, stop_run_dir
@@ -31,7 +32,8 @@ def _up(argv: list[str]) -> int:
     )
     args = p.parse_args(argv)
     config = load_section("stack", StackConfig, path=args.config)
-    stack = Stack(config, Path(args.run_dir) if args.run_dir else None)
+    security, _ = load_security(path=args.config)
+    stack = Stack(config, Path(args.run_dir) if args.run_dir else None, security)
     stack.start(show_progress=not args.no_progress)
     for c in stack.components:
         cores = f"  computes on cores {format_cpu_list(c.cores)}" if c.cores else ""

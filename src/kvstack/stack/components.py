@@ -20,6 +20,7 @@ from kvstack.index.urls import zmq_url
 from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.config import StackConfig, StackEngineSpec
 from kvstack.stack.cores import CorePlan, bind_engine, engine_core_plan, replica_names
+from kvstack.stack.secrets import REDIS_PASSWORD_ENV, REDIS_USER, StackSecrets, redis_conf
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
 __all__ = ["Component", "plan_stack", "port_is_free"]
@@ -96,7 +97,11 @@ def resolve_model(model: str) -> str:
     return str(build_toy_model(spec=SMALL if model == "toy-small" else TINY))
 
 
-def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
+def plan_stack(
+    config: StackConfig, run_dir: Path, secrets: StackSecrets | None = None
+) -> list[Component]:
+    """The components, in start order; with ``secrets`` each one gets the cluster secret and
+    redis-server its password (from a 0600 config file, never the command line)."""
     ports = _Ports(config.host)
     out: list[Component] = []
     cores = engine_core_plan(config)
@@ -104,12 +109,20 @@ def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
     redis_url = ""
     if config.redis is not None:
         port = ports.take(config.redis.port)
-        argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
-        argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+        if secrets is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            argv = [config.redis.binary, str(redis_conf(run_dir, config.host, port,
+                                                        secrets.redis_password))]  # fmt: skip
+            redis_url = (
+                f"redis://{REDIS_USER}@{config.host}:{port}/0?password_env={REDIS_PASSWORD_ENV}"
+            )
+        else:
+            argv = [config.redis.binary, "--port", str(port), "--bind", config.host]
+            argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
+            redis_url = f"redis://{config.host}:{port}/0"
         out.append(Component("redis", "redis", argv, config.host, port, "redis",
                              env=large_value_env(), cpus=reserved,
                              start_timeout_s=config.redis.start_timeout_s))  # fmt: skip
-        redis_url = f"redis://{config.host}:{port}/0"
     if config.index is not None:
         port, zmq_port = ports.take(config.index.port), ports.take(config.index.zmq_port)
         argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host,
@@ -131,6 +144,11 @@ def plan_stack(config: StackConfig, run_dir: Path) -> list[Component]:
         router = _router(config, out, ports.take(config.router.port), run_dir)
         router.cpus = reserved
         out.append(router)
+    if secrets is not None:
+        for c in out:
+            c.env.update(secrets.component_env())
+            if c.kind == "engine" and redis_url:
+                c.env[REDIS_PASSWORD_ENV] = secrets.redis_password
     return out
 
 
@@ -153,7 +171,7 @@ def _engine(
     if spec.kind == "sim":
         argv = _sim_argv(spec, served or model, ctx.host, port, tiers)
         if events is not None:
-            argv += ["--kv-events-endpoint", f"tcp://*:{events}"]
+            argv += ["--kv-events-endpoint", _bind_endpoint(ctx.host, events)]
         env, tokenizer = dict(spec.env), "sim"
     else:
         extra = _connector_extra(spec, url, ctx.index_url)
@@ -168,6 +186,12 @@ def _engine(
                      model=served or model, tokenizer=tokenizer, routed=spec.routed, cores=cores,
                      events=None if events is None else f"tcp://{ctx.host}:{events}",
                      lora=_lora_engine(spec, name, served or model, model, ctx))  # fmt: skip
+
+
+def _bind_endpoint(host: str, port: int) -> str:
+    """Where an engine publishes KV events: the stack's address, not every interface (the
+    events carry no credential)."""
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def _lora_engine(
@@ -230,7 +254,7 @@ def _vllm_argv(
         max_model_len=spec.max_model_len,
         kv_cache_space_gib=spec.kv_cache_space_gib,
         kv_transfer_config=connector,
-        kv_events_endpoint=None if events is None else f"tcp://*:{events}",
+        kv_events_endpoint=None if events is None else _bind_endpoint(host, events),
         enable_lora=spec.lora is not None,
         max_loras=spec.lora.max_loras if spec.lora else 1,
         max_cpu_loras=spec.lora.max_cpu_loras if spec.lora else None,

@@ -22,9 +22,10 @@ def healthy(component: Component, timeout_s: float = 2.0) -> bool:
 
 
 def _redis_ping(host: str, port: int, timeout_s: float) -> bool:
+    """Up when it answers PING, or refuses it for want of the password (it is serving)."""
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
+            return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
     except OSError:
         return False

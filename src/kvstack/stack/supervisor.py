@@ -4,7 +4,8 @@ Every component runs in its own process group with its log under ``<run_dir>/log
 state file ``<run_dir>/stack.json`` lists their process groups so that ``kvstack down`` (from
 another shell) stops exactly what ``kvstack up`` started. Before starting anything the stack
 checks that every port is free and every binary exists; a component that exits or does not
-become healthy in time stops the whole stack and the error shows its log tail.
+become healthy in time stops the whole stack and the error shows its log tail. Every component
+gets the cluster secret, and redis-server a password (:mod:`kvstack.stack.secrets`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ from pathlib import Path
 
 from kvstack.errors import StackError
 from kvstack.procs import pid_alive
+from kvstack.security import SecurityConfig
 from kvstack.stack.components import Component, plan_stack, port_is_free
 from kvstack.stack.config import StackConfig
 from kvstack.stack.cores import CorePlan, engine_core_plan
 from kvstack.stack.health import healthy
 from kvstack.stack.procs import ManagedProcess, log_tail
+from kvstack.stack.secrets import prepare_secrets
 
 __all__ = ["Stack", "stop_run_dir"]
 
@@ -36,8 +39,14 @@ STATE_FILE = "stack.json"
 
 
 class Stack:
-    def __init__(self, config: StackConfig, run_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        config: StackConfig,
+        run_dir: Path | None = None,
+        security: SecurityConfig | None = None,
+    ) -> None:
         self.config = config
+        self.security = security or SecurityConfig()
         self.run_dir = Path(run_dir or config.run_dir)
         self.components: list[Component] = []
         self.processes: dict[str, ManagedProcess] = {}
@@ -48,7 +57,8 @@ class Stack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if (self.run_dir / STATE_FILE).exists() and _state_alive(self.run_dir):
             raise StackError(f"a stack is already running from {self.run_dir}; run 'kvstack down'")
-        self.components = plan_stack(self.config, self.run_dir)
+        secrets = prepare_secrets(self.run_dir, self.security)
+        self.components = plan_stack(self.config, self.run_dir, secrets)
         self._preflight()
         self._announce_cores()
         try:

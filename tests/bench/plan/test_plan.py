@@ -1,4 +1,4 @@
-"""The decider on arithmetic that can be checked by hand."""
+"""``kvstack plan`` on arithmetic that can be checked by hand, and on the issue's four cases."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstack.bench.plan.cache import PrefixStream, hit_probability
+from kvstack.bench.plan.decide import make_plan
 from kvstack.bench.plan.model import (
     GIB,
     Hardware,
@@ -17,126 +19,169 @@ from kvstack.bench.plan.model import (
     TierFigures,
     WorkloadShape,
     break_even_tokens,
-    evaluate,
+    hbm_capacity_tokens,
     prefill_s,
 )
 
+LLAMA_8B = PlanModelShape()  # the llama-3-8b preset's shape
+H100 = {"hbm_gib": 80, "pcie_gbps": 25, "disk_gbps": 5, "network_gbps": 10}
+ALL = {f"{s}.{f}" for s, c in (("hardware", Hardware), ("workload", WorkloadShape))
+       for f in c.model_fields}  # fmt: skip
 
-def test_llama_3_8b_kv_is_128_kib_per_token() -> None:
-    assert PlanModelShape().kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
 
-
-def test_hbm_capacity() -> None:
-    model = PlanModelShape(weights_gib=15)
-    hw = Hardware(hbm_gib=80, gpu_memory_utilization=0.9, reserve_gib=2)
-    result = evaluate(model, hw, WorkloadShape())
+def test_kv_footprint_and_hbm_capacity() -> None:
+    assert LLAMA_8B.kv_bytes_per_token == 2 * 32 * 8 * 128 * 2 == 131072
     # (80 * 0.9 - 15 - 2) GiB = 55 GiB at 128 KiB per token
-    assert result.tiers[0].capacity_tokens == 55 * GIB / 131072 == 450560
+    assert hbm_capacity_tokens(LLAMA_8B, Hardware()) == 55 * GIB / 131072 == 450560
+    fp8_70b = PlanModelShape(num_layers=80, dtype_bytes=1, weights_gib=66)
+    assert 4096 * fp8_70b.kv_bytes_per_token == 671_088_640  # "~500 MB" in the issue: 0.67 GB
 
 
-def test_break_even_linear() -> None:
-    # recompute 1/10000 s per token; load 1 KB/token at 100 MB/s = 1e-5 s/token, latency 9 ms:
-    # 0.009 + 1e-5 n = 1e-4 n  ->  n = 100 tokens
+def test_break_even_includes_the_fixed_cost_of_a_load() -> None:
+    # recompute 1e-4 s/token; load 1 KB/token at 100 MB/s = 1e-5 s/token; 9 ms latency + 9 ms
+    # fixed: 0.018 + 1e-5 n = 1e-4 n  ->  n = 200 tokens
     tier = TierFigures("disk", 1e9, 0.009, 1e8)
     hw = Hardware(prefill_tokens_per_s=10000)
     assert break_even_tokens(tier, hw, 1000) == pytest.approx(100)
+    assert break_even_tokens(tier, hw, 1000, fixed_s=0.009) == pytest.approx(200)
     slow = TierFigures("slow", 1e9, 0.0, 1e6)  # 1e-3 s/token: slower than recomputing
     assert break_even_tokens(slow, hw, 1000) is None
 
 
 def test_break_even_with_quadratic_attention() -> None:
-    # load 0.01 + 1e-3 n vs recompute 1e-4 n + 1e-6 n^2: 1e-6 n^2 - 9e-4 n - 0.01 = 0
     tier = TierFigures("net", 1e9, 0.01, 1e6)
     hw = Hardware(prefill_tokens_per_s=10000, attention_s_per_token2=1e-6)
     expected = (9e-4 + math.sqrt(9e-4**2 + 4 * 1e-6 * 0.01)) / (2 * 1e-6)
     assert break_even_tokens(tier, hw, 1000) == pytest.approx(expected)
-    n = expected
-    assert 0.01 + 1e-3 * n == pytest.approx(prefill_s(hw, 0, n))
+    assert 0.01 + 1e-3 * expected == pytest.approx(prefill_s(hw, 0, expected))
 
 
-def test_options_split_hits_by_capacity() -> None:
-    # HBM holds 1/4 of the per-engine working set, DRAM all of it.
-    model = PlanModelShape(num_layers=1, num_kv_heads=1, head_dim=1, dtype_bytes=512, weights_gib=0)
-    hw = Hardware(
-        hbm_gib=1,
-        gpu_memory_utilization=1,
-        reserve_gib=0,
-        dram_gib=8,
-        prefill_tokens_per_s=1000,
-        pcie_gbps=1,
-        dram_latency_s=0,
-    )
-    ws = 4 * GIB // 1024  # tokens of 1 KiB: 4 GiB
-    wl = WorkloadShape(
-        prompt_tokens=1000, reuse_fraction=0.5, working_set_tokens=ws, request_rate=1
-    )
-    r = evaluate(model, hw, wl)
-    base, cpu = r.options[0], r.options[1]
-    assert base.hit_fractions["hbm"] == pytest.approx(0.25) and base.miss_fraction == pytest.approx(
-        0.75
-    )
-    assert cpu.hit_fractions["cpu"] == pytest.approx(0.75) and cpu.miss_fraction == pytest.approx(0)
-    # base: 0.25 * 0.5 s (the new half) + 0.75 * 1 s; cpu adds 500 KiB over 1 GB/s per load
-    assert base.prefill_s_per_request == pytest.approx(0.25 * 0.5 + 0.75 * 1.0)
-    load = 500 * 1024 / 1e9
-    assert cpu.prefill_s_per_request == pytest.approx(0.25 * 0.5 + 0.75 * (load + 0.5))
-    assert r.cpu_offload_pays_above_tokens == pytest.approx(GIB / 1024)
+def test_lru_hit_probability() -> None:
+    # Everything fits and nothing else comes in: always a hit; no room: never.
+    assert hit_probability(1000, PrefixStream(0, 2, 100, 1.0)) == 1.0
+    assert hit_probability(0, PrefixStream(10, 2, 100, 1.0)) == 0.0
+    # One tiny prefix among 100 tokens/s of unique KV in 1000 tokens: it lasts ~10 s.
+    hit = hit_probability(1000, PrefixStream(100, 1, 1e-9, 0.05))
+    assert hit == pytest.approx(1 - math.exp(-0.05 * 10), rel=1e-6)
 
 
-def test_random_routing_makes_every_engine_see_everything() -> None:
-    wl = WorkloadShape(working_set_tokens=1_000_000, routing="random")
-    assert (
-        evaluate(PlanModelShape(), Hardware(num_engines=4), wl).per_engine_working_set_tokens == 1e6
-    )
-    wl = WorkloadShape(working_set_tokens=1_000_000, routing="cache-aware")
-    assert (
-        evaluate(PlanModelShape(), Hardware(num_engines=4), wl).per_engine_working_set_tokens
-        == 2.5e5
-    )
+def _plan(given: set[str] | None = None, **workload: object) -> object:
+    hw = {k: workload.pop(k) for k in list(workload) if k in Hardware.model_fields}
+    return make_plan(
+        LLAMA_8B, Hardware(**{**H100, **hw}), WorkloadShape(**workload),  # type: ignore[arg-type]
+        ALL if given is None else given,
+    )  # fmt: skip
 
 
-def plan(*args: str) -> subprocess.CompletedProcess[str]:
+TENANT = {"prompt_tokens": 6500, "reuse_fraction": 6000 / 6500, "prefix_groups": 1,
+          "requests_per_hour": 200, "output_tokens": 200}  # fmt: skip
+
+
+def test_a_tenants_6k_system_prompt_200_times_an_hour() -> None:
+    # An engine with room to spare keeps the prompt: vLLM's own cache saves it.
+    quiet = _plan(**TENANT, other_traffic_tokens_per_s=0)
+    assert quiet.recommendation == "neither"  # type: ignore[attr-defined]
+    assert quiet.evaluation.hbm_tokens_saved_per_hour == pytest.approx(200 * 6000, rel=0.01)  # type: ignore[attr-defined]
+    # A busy engine (20K tokens/s of other KV) evicts it between queries, 18 s apart.
+    busy = _plan(**TENANT, other_traffic_tokens_per_s=20000)
+    assert busy.recommendation == "native"  # type: ignore[attr-defined]
+    native = busy.evaluation.options["native"]  # type: ignore[attr-defined]
+    hits = sum(native.hits.values())
+    assert native.tokens_saved_per_hour == pytest.approx(hits * 200 * 6000)
+    assert 300_000 < native.tokens_saved_per_hour < 1_200_000
+    # Not told how busy the engine is, the plan says that this decided it.
+    unsure = _plan(ALL - {"workload.other_traffic_tokens_per_s"}, **TENANT)
+    assert unsure.recommendation == "neither"  # type: ignore[attr-defined]
+    names = [d.name for d in unsure.decisive]  # type: ignore[attr-defined]
+    assert "other_traffic_tokens_per_s" in names
+
+
+def test_70b_fp8_kv_from_a_hard_disk_ceph_pool_against_recompute_on_an_h100() -> None:
+    model = PlanModelShape(num_layers=80, dtype_bytes=1, weights_gib=66)
+    ceph = {"remote_gib": 20000, "network_gbps": 0.15, "network_latency_s": 0.03}
+    hw = Hardware(**{**H100, **ceph}, dram_gib=0, prefill_tokens_per_s=3500)
+    wl = WorkloadShape(prompt_tokens=4096, reuse_fraction=1.0, prefix_groups=100, request_rate=1)
+    plan = make_plan(model, hw, wl, ALL)
+    e = plan.evaluation
+    assert e.break_even["remote"] is None  # 1.09 ms a token to read, 0.29 ms to recompute
+    remote = e.tiers["remote"]
+    assert remote.load_s(4096, model.kv_bytes_per_token) > 3 * prefill_s(hw, 0, 4096)
+    assert e.options["shared"].available and e.options["shared"].seconds_saved_per_hour < 0
+    assert plan.recommendation == "neither"
+
+
+def test_sub_1k_unique_prompts_get_neither() -> None:
+    unique = _plan(prompt_tokens=800, reuse_fraction=0.0, request_rate=20)
+    assert unique.recommendation == "neither"  # type: ignore[attr-defined]
+    assert "nothing to load" in unique.reason  # type: ignore[attr-defined]
+    short = _plan(prompt_tokens=300, reuse_fraction=0.5, request_rate=20)
+    assert short.recommendation == "neither"  # type: ignore[attr-defined]
+    shortest = short.evaluation.break_even["cpu"]  # type: ignore[attr-defined]
+    assert shortest is not None and 150 < shortest < 1000
+    assert "shorter than the shortest load that pays" in short.reason  # type: ignore[attr-defined]
+
+
+def test_preemption_heavy_workload_whose_kv_exceeds_hbm() -> None:
+    heavy = {"prompt_tokens": 16000, "output_tokens": 1000, "reuse_fraction": 0.0,
+             "request_rate": 1, "hbm_kv_usage": 0.95, "preemptions_per_hour": 2000,
+             "dram_gib": 256}  # fmt: skip
+    plan = _plan(**heavy)
+    assert plan.recommendation == "native"  # type: ignore[attr-defined]
+    options = plan.evaluation.options  # type: ignore[attr-defined]
+    assert options["native"].preempted_tokens_recovered_per_hour == 2000 * 16500
+    assert options["local"].preempted_tokens_recovered_per_hour == 2000 * 16000  # prompt chunks
+    on_cpu = _plan(**heavy, accelerator="cpu")  # vLLM's CPU build refuses native offload
+    assert on_cpu.recommendation == "local"  # type: ignore[attr-defined]
+    assert not on_cpu.evaluation.options["native"].available  # type: ignore[attr-defined]
+
+
+def test_break_even_hbm_utilisation() -> None:
+    plan = _plan(**TENANT, other_traffic_tokens_per_s=2000)
+    usage = plan.break_even_hbm_usage  # type: ignore[attr-defined]
+    assert usage is not None and 0 < usage < 1
+    below = _plan(**TENANT, other_traffic_tokens_per_s=2000, hbm_kv_usage=usage * 0.9)
+    above = _plan(**TENANT, other_traffic_tokens_per_s=2000, hbm_kv_usage=min(0.999, usage + 0.01))
+    assert below.recommendation == "neither" != above.recommendation  # type: ignore[attr-defined]
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvstack", "plan", *args], capture_output=True, text=True
     )
 
 
-def test_cli_with_presets_file_and_json(tmp_path: Path) -> None:
+def test_cli_prints_one_recommendation_with_its_numbers(tmp_path: Path) -> None:
     config = tmp_path / "plan.yaml"
-    config.write_text(
-        "workload: {prompt_tokens: 8000, working_set_tokens: 5000000}\nhardware: {dram_gib: 512}\n"
-    )
+    config.write_text("workload: {prompt_tokens: 6500, prefix_groups: 1, requests_per_hour: 200}\n")
     out = tmp_path / "plan.json"
-    done = plan(
-        "--model-preset",
-        "llama-3-8b",
-        "--hardware-preset",
-        "h100-80gb",
-        "--config",
-        str(config),
-        "--request-rate",
-        "4",
-        "--json",
-        str(out),
-    )
+    presets = ("--model-preset", "llama-3-8b", "--hardware-preset", "h100-80gb")
+    done = plan_cli(*presets, "--config", str(config), "--reuse-fraction", "0.923",
+                    "--json", str(out))  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert (
-        "CPU offload starts to pay once the per-engine working set exceeds 450,560" in done.stdout
-    )
-    assert "decision: use cpu tier" in done.stdout
-    figures = json.loads(out.read_text())
-    assert figures["inputs"]["workload"]["prompt_tokens"] == 8000
-    assert figures["inputs"]["workload"]["request_rate"] == 4
-
-
-def test_small_working_sets_do_not_need_tiers() -> None:
-    done = plan("--working-set-tokens", "10000", "--dram-gib", "64")
-    assert done.returncode == 0
-    assert "kvstack tiers do not pay" in done.stdout
+    text = done.stdout
+    assert text.count("recommendation: ") == 1
+    figures = ("break-even HBM utilisation", "shortest context for which a load pays",
+               "prefill tokens not recomputed/hour", "decided by a missing input: ")  # fmt: skip
+    for figure in figures:
+        assert figure in text, figure
+    document = json.loads(out.read_text())
+    assert document["inputs"]["workload"]["prompt_tokens"] == 6500
+    assert "workload.prefix_groups" in document["given"]
+    assert "workload.hbm_kv_usage" not in document["given"]
+    assert document["plan"]["recommendation"] in ("neither", "native", "local", "shared")
 
 
 def test_cli_names_bad_values() -> None:
-    done = plan("--reuse-fraction", "1.5")
+    done = plan_cli("--reuse-fraction", "1.5")
     assert (
         done.returncode == 2 and "workload.reuse_fraction" in done.stderr and "1.5" in done.stderr
     )
+
+
+def test_fixed_costs_are_measured() -> None:
+    from kvstack.bench.plan.measure import measure_fixed_costs
+
+    costs = measure_fixed_costs(rounds=20)
+    assert 0 < costs.total_s < 0.05
+    assert costs.ipc_s[1] <= costs.ipc_s[0] <= costs.ipc_s[2]
+    assert "load_fixed_s" in "\n".join(costs.lines())

@@ -13,6 +13,7 @@ from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.plugins.base import PluginContext
 from tests.router.conftest import RouterFactory, engines
 from tests.router.fake_engine import FakeEngine
+from tests.router.vllm_schema import assert_vllm_error
 
 
 class _Counted:
@@ -57,7 +58,8 @@ async def test_admission_sheds_and_holds_before_the_backend_is_chosen(
         shed = {"x-kvstack-priority": "sheddable"}
         async with http.post(f"{r.url}/v1/completions", json=body, headers=shed) as resp:
             assert resp.status == 429 and resp.headers["retry-after"] == "3"
-            assert (await resp.json())["error"]["code"] == "overloaded"
+            assert resp.headers["x-kvstack-error"] == "overloaded"
+            assert_vllm_error(await resp.json(), 429)
         held = asyncio.create_task(http.post(f"{r.url}/v1/completions", json=body))
         await asyncio.sleep(0.2)
         assert not held.done() and engine.seen == []  # waiting, no backend chosen yet

@@ -35,7 +35,8 @@ async def test_saturated_fleet_sheds_sheddable_and_serves_critical(
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
     a, b = FakeEngine("a", waiting_requests=20), FakeEngine("b", waiting_requests=20)
-    async with engines(a, b), run_router([a, b], **admission(retry_after_s=2)) as r:
+    granted = {"default_max_priority": "critical"}  # callers without a key may ask for it here
+    async with engines(a, b), run_router([a, b], **admission(retry_after_s=2), **granted) as r:
         await until(lambda: all(s.engine is not None for s in r.router.pool.states()))
         status, headers, text = await post(http, r.url, "sheddable")
         assert status == 429 and headers["retry-after"] == "2" and "waiting" in text
@@ -97,9 +98,11 @@ async def test_priority_from_model_and_tenant_config(
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:
     engine = FakeEngine("a", waiting_requests=50)
-    args = admission(models={"toy": "sheddable"}, tenants={"gold": "critical"})
+    queues = {"standard": {"max_queued": 0}}  # a lowered critical is shed at once
+    args = admission(models={"toy": "sheddable"}, tenants={"gold": "critical"}, queues=queues)
     auth = {"auth": {"api_keys": [{"key": "k-gold", "tenant": "gold"}, {"key": "k-x"}]}}
-    async with engines(engine), run_router([engine], **args, **auth) as r:
+    tenants = {"tenants": {"gold": {"max_priority": "critical"}}}
+    async with engines(engine), run_router([engine], **args, **auth, **tenants) as r:
         await until(lambda: all(s.engine is not None for s in r.router.pool.states()))
         for key, expected in (("k-x", 429), ("k-gold", 429)):  # the model's priority wins
             headers = {"authorization": f"Bearer {key}"}
@@ -108,6 +111,23 @@ async def test_priority_from_model_and_tenant_config(
         headers = {"authorization": "Bearer k-gold", "x-kvstack-priority": "critical"}
         async with http.post(f"{r.url}/v1/completions", json=BODY, headers=headers) as resp:
             assert resp.status == 200
+        # A tenant without max_priority asking for critical is lowered to standard: shed.
+        headers = {"authorization": "Bearer k-x", "x-kvstack-priority": "critical"}
+        async with http.post(f"{r.url}/v1/completions", json=BODY, headers=headers) as resp:
+            assert resp.status == 429
+
+
+async def test_critical_from_a_caller_without_a_key_no_longer_skips_admission(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    """The finding: any client's ``x-kvstack-priority: critical`` skipped admission and
+    shedding. By default it is lowered to standard, so a saturated fleet sheds it."""
+    engine = FakeEngine("a", waiting_requests=20)
+    queues = {"standard": {"max_queued": 0}}
+    async with engines(engine), run_router([engine], **admission(queues=queues)) as r:
+        await until(lambda: all(s.engine is not None for s in r.router.pool.states()))
+        status, headers, _ = await post(http, r.url, "critical")
+        assert status == 429 and "retry-after" in headers
 
 
 def test_bad_admission_args_name_the_field() -> None:

@@ -15,7 +15,8 @@ LONG = "word " * 600  # ~750 tokens by character blocks
 
 
 def pd_config(prefill: FakeEngine, decode: FakeEngine, **pd: Any) -> RouterConfig:
-    config = router_config([prefill, decode], pd={"models": ["toy"], **pd})
+    # debug_headers: the test reads the prefill note of the decision header
+    config = router_config([prefill, decode], pd={"models": ["toy"], **pd}, debug_headers=True)
     config.backends[0].role = "prefill"
     config.backends[1].role = "decode"
     return config

@@ -128,6 +128,7 @@ def _config(e: PDEngines) -> Any:
         pd={"models": ["toy"], "min_remote_prefill_tokens": 256},
         prefix={"tokenizers": {"toy": str(e.model)}, "events": {"sources": e.events}},
         health={"interval_s": 0.5, "timeout_s": 5.0},
+        debug_headers=True,  # the decision header names the prefill
     )
     config.backends[0].role = "prefill"
     config.backends[1].role = "decode"

@@ -1,6 +1,6 @@
-"""kvstack tiers from the real index server (on loopback): an engine's local tiers credit that
-backend, a shared store credits every backend at its lower weight, and a dead index costs the
-request only its credit."""
+"""kvstack tiers from the real index (the index server on loopback, or Valkey on a real
+redis-server): an engine's local tiers credit that backend, a shared store credits every backend
+at its lower weight, and a dead index costs the request only its credit."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvstack.index.client import IndexClient
+from kvstack.index.backend import open_index
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
 from kvstack.index.radix import RadixNamespace
@@ -21,29 +21,45 @@ from kvstack.router.prefix.view import credited_tokens
 from kvstack.router.scheduling.config import DEFAULT_TIER_WEIGHTS, PrefixConfig
 from kvstack.router.scheduling.tokenizers import PromptTokens
 from tests.conftest import free_port
+from tests.index.conftest import valkey_index_url
+from tests.kv.tiers.conftest import redis_server
+from tests.kv.tiers.remote.servers import RedisServer
+
+__all__ = ["redis_server"]
 
 CHUNK = 16
 TOKENS = list(range(100, 100 + 8 * CHUNK))  # 8 chunks
 REDIS = "redis://cache:6379/0/kvstack:"
 
 
-@pytest.fixture(params=["http", "zmq"])
+def announce(url: str) -> None:
+    """Engine a holds 6 chunks in its CPU tier; the shared Redis store holds 3."""
+    keys = chunk_keys(TOKENS, KeyNamespace("m"), CHUNK)
+    profile = KeyProfile(model="m", chunk_size=CHUNK)
+    tiers = [TierInfo("cpu"), TierInfo("redis", shared=True, location=REDIS)]
+    client = open_index(url)
+    client.report(
+        AnnounceBatch("engine-a", profile, tiers=tiers, reset=True,
+                      stored={"cpu": keys[:6], "redis": keys[:3]})
+    )  # fmt: skip
+    client.close()
+
+
+@pytest.fixture(params=["http", "zmq", "valkey"])
 def index_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    server = IndexServerThread(IndexServiceConfig(port=free_port(), zmq_port=free_port())).start()
+    if request.param == "valkey":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        url = valkey_index_url(server)
+        announce(url)
+        yield url
+        return
+    service = IndexServerThread(IndexServiceConfig(port=free_port(), zmq_port=free_port()))
+    service.start()
     try:
-        keys = chunk_keys(TOKENS, KeyNamespace("m"), CHUNK)
-        profile = KeyProfile(model="m", chunk_size=CHUNK)
-        tiers = [TierInfo("cpu"), TierInfo("redis", shared=True, location=REDIS)]
-        client = IndexClient(server.url)
-        # Engine a holds 6 chunks in its CPU tier; the shared Redis store holds 3.
-        client.report(
-            AnnounceBatch("engine-a", profile, tiers=tiers, reset=True,
-                       stored={"cpu": keys[:6], "redis": keys[:3]})
-        )  # fmt: skip
-        client.close()
-        yield {"http": server.url, "zmq": server.zmq_url}[request.param]
+        announce(service.url)
+        yield {"http": service.url, "zmq": service.zmq_url}[request.param]
     finally:
-        server.stop()
+        service.stop()
 
 
 def backend(name: str, instance: str | None = None) -> BackendState:
@@ -69,7 +85,7 @@ async def test_local_and_shared_tiers_per_backend(index_url: str) -> None:
     assert credited_tokens(both, weights) == pytest.approx(2 * CHUNK + 0.75 * 4 * CHUNK)
 
 
-@pytest.mark.parametrize("scheme", ["http", "zmq"])
+@pytest.mark.parametrize("scheme", ["http", "zmq", "redis"])
 async def test_an_unreachable_index_costs_only_the_credit(scheme: str) -> None:
     dead = f"{scheme}://127.0.0.1:{free_port()}"
     lookup = SharedTierLookup(PrefixConfig(index_url=dead, index_timeout_s=0.5))

@@ -20,9 +20,10 @@ appear here: they reach the process as KVSTACK_<SECTION>_<KEY> variables or moun
 {{- end -}}
 {{- with $r.tokenizers }}{{ $_ := set $prefix "tokenizers" . }}{{ end -}}
 {{- if $prefix }}{{ $_ := set $section "prefix" $prefix }}{{ end -}}
-{{- if $r.apiKeysSecret.name -}}
+{{- if $r.auth.enabled -}}
 {{- $_ := set $section "auth" (dict "api_keys_file" (printf "/etc/kvstack/auth/%s" $r.apiKeysSecret.key)) -}}
 {{- end -}}
+{{- with $r.tenants }}{{ $_ := set $section "tenants" . }}{{ end -}}
 {{- toYaml (mergeOverwrite $section (deepCopy $r.extraConfig)) -}}
 {{- end -}}
 

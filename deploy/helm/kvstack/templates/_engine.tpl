@@ -40,7 +40,7 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- if not $root.Values.index.enabled -}}
 {{- fail "kv.peer.enabled needs index.enabled: peers find each other's chunks through the index" -}}
 {{- end -}}
-{{- $tiers = append $tiers (printf "peer://?index=%s&self=%s" (include "kvstack.indexUrl" $root) .e.instanceId) -}}
+{{- $tiers = append $tiers (printf "peer://?index=%s&self=%s" (include "kvstack.indexUrl" $root | urlquery) .e.instanceId) -}}
 {{- end -}}
 {{- $redis := include "kvstack.redisTierUrl" $root -}}
 {{- if and $kv.redis $redis -}}
@@ -70,8 +70,11 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- end -}}
 {{- $url = $r.url -}}
 {{- end -}}
-{{- if and $url $r.passwordSecret.name -}}
+{{- if and $url (include "kvstack.redisPasswordSecret" .) -}}
 {{- $url = printf "%s%spassword_env=KVSTACK_REDIS_PASSWORD" $url (ternary "&" "?" (contains "?" $url)) -}}
+{{- end -}}
+{{- if and $url (include "kvstack.indexOnChartValkey" .) (gt (int $r.chunkTtlS) 0) -}}
+{{- $url = printf "%s%sttl_s=%d" $url (ternary "&" "?" (contains "?" $url)) (int $r.chunkTtlS) -}}
 {{- end -}}
 {{- $url -}}
 {{- end -}}

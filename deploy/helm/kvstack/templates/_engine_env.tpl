@@ -15,8 +15,11 @@
 {{- if $e.hfTokenSecret.name }}
 {{ include "kvstack.secretEnv" (dict "name" "HF_TOKEN" "secret" $e.hfTokenSecret) }}
 {{- end }}
-{{- if $e.apiKeySecret.name }}
-{{ include "kvstack.secretEnv" (dict "name" "VLLM_API_KEY" "secret" $e.apiKeySecret) }}
+- name: HOME  # writable for the non-root user whatever the image (caches under ~/.cache)
+  value: /home/vllm
+{{ include "kvstack.clusterSecretEnv" $root }}
+{{- with include "kvstack.engineKeySecret" $root }}
+{{ include "kvstack.secretEnv" (dict "name" "VLLM_API_KEY" "secret" (fromJson .)) }}
 {{- end }}
 {{- if $e.lora.enabled }}
 {{- /* Runtime load/unload endpoints; the NetworkPolicy lets only the router reach them. */}}
@@ -24,13 +27,17 @@
   value: "True"
 {{- end }}
 {{- if $e.kv.enabled }}
-{{- if and $e.kv.redis (ne $root.Values.redis.mode "none") $root.Values.redis.passwordSecret.name }}
-{{ include "kvstack.secretEnv" (dict "name" "KVSTACK_REDIS_PASSWORD" "secret" $root.Values.redis.passwordSecret) }}
+{{- $redisPassword := include "kvstack.redisPasswordSecret" $root }}
+{{- if and $e.kv.redis $redisPassword }}
+{{ include "kvstack.secretEnv" (dict "name" "KVSTACK_REDIS_PASSWORD" "secret" (fromJson $redisPassword)) }}
 {{- end }}
 {{- if and $e.kv.s3.enabled $e.kv.s3.existingSecret }}
 {{ include "kvstack.awsEnv" (dict "secret" $e.kv.s3.existingSecret) }}
 {{- end }}
 {{- if $root.Values.index.enabled }}
+{{- with include "kvstack.indexEnv" $root }}
+{{ . }}
+{{- end }}
 - name: KVSTACK_INDEX_ANNOUNCE__INDEX_URL
   value: {{ include "kvstack.indexUrl" $root | quote }}
 - name: KVSTACK_INDEX_ANNOUNCE__INSTANCE_ID

@@ -45,8 +45,78 @@ app.kubernetes.io/name={{ include "kvstack.name" . }},app.kubernetes.io/instance
 {{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
 {{- end -}}
 
+{{/* The index backend: "valkey", "service", or "" (no index). */}}
+{{- define "kvstack.indexBackend" -}}
+{{- $i := .Values.index -}}
+{{- if $i.enabled -}}
+{{- if eq $i.backend "auto" -}}
+{{- ternary "service" "valkey" (and (eq .Values.redis.mode "none") (not $i.valkey.url)) -}}
+{{- else -}}
+{{- $i.backend -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The secret holding the Valkey index's password: index.valkey's, else the tier Valkey's
+(named or generated) when the index lives there, else redis.passwordSecret. */}}
+{{- define "kvstack.indexPasswordSecret" -}}
+{{- $v := .Values.index.valkey -}}
+{{- if $v.passwordSecret.name -}}
+{{- toYaml $v.passwordSecret -}}
+{{- else if not $v.url -}}
+{{- /* the tier's Valkey: its named or generated password */ -}}
+{{- with include "kvstack.redisPasswordSecret" . }}{{ toYaml (fromJson .) }}{{ end -}}
+{{- else -}}
+{{- toYaml .Values.redis.passwordSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Environment for processes using the Valkey index: its password, from a Secret. */}}
+{{- define "kvstack.indexEnv" -}}
+{{- if eq (include "kvstack.indexBackend" .) "valkey" -}}
+{{- $secret := include "kvstack.indexPasswordSecret" . | fromYaml -}}
+{{- if $secret.name -}}
+{{ include "kvstack.secretEnv" (dict "name" "VALKEY_INDEX_PASSWORD" "secret" $secret) }}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The index URL engines and routers use: the index Service, or Valkey with the index's
+parameters (the tier URL's own parameters, such as its prefix or chunk TTL, are not the
+index's; a cluster stays a cluster). */}}
 {{- define "kvstack.indexUrl" -}}
+{{- $i := .Values.index -}}
+{{- if eq (include "kvstack.indexBackend" .) "valkey" -}}
+{{- $base := $i.valkey.url -}}
+{{- if not $base -}}
+{{- if eq .Values.redis.mode "internal" -}}
+{{- $base = printf "redis://%s:6379/0" (include "kvstack.redisHost" .) -}}
+{{- else if eq .Values.redis.mode "external" -}}
+{{- $base = .Values.redis.url -}}
+{{- else -}}
+{{- fail "index.backend=valkey needs a Valkey: redis.mode internal or external, or index.valkey.url" -}}
+{{- end -}}
+{{- end -}}
+{{- if contains "@" $base -}}
+{{- fail "index.valkey.url must not carry credentials; put the password in the Secret named by index.valkey.passwordSecret" -}}
+{{- end -}}
+{{- $params := list (printf "prefix=%s" $i.valkey.prefix) -}}
+{{- if contains "cluster=true" $base }}{{ $params = append $params "cluster=true" }}{{ end -}}
+{{- with $i.valkey.params }}{{ $params = append $params . }}{{ end -}}
+{{- if (include "kvstack.indexPasswordSecret" . | fromYaml).name -}}
+{{- $params = append $params "password_env=VALKEY_INDEX_PASSWORD" -}}
+{{- end -}}
+{{- printf "%s?%s" (regexReplaceAll "\\?.*$" $base "") (join "&" $params) -}}
+{{- else -}}
 {{- printf "http://%s:%d" (include "kvstack.componentName" (dict "root" . "suffix" "index")) (int .Values.index.port) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Whether the Valkey index lives on the chart's own Valkey (whose eviction it shapes). */}}
+{{- define "kvstack.indexOnChartValkey" -}}
+{{- if and (eq (include "kvstack.indexBackend" .) "valkey") (not .Values.index.valkey.url) (eq .Values.redis.mode "internal") -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{- define "kvstack.redisHost" -}}

@@ -5,6 +5,8 @@ Store and retrieve throughput of each KV tier in GB/s on the chunk shape of Llam
 layers, 8 KV heads, head dim 128, bf16: 32 MiB per 256-token chunk) and of a small model, against
 a memcpy and raw file write/read references measured in the same run (see
 :mod:`kvstack.bench.micro.kv_measure`), plus the time to look up a 128K-token prompt (512 chunks).
+The cluster secret is on and off in the same run: ``cpu+mac`` and ``file+mac`` are the tiers of
+a cache that has it, ``cpu+verify`` what checking a MAC on every CPU-tier hit would cost.
 Prints a table with the ratios and the performance bars; ``--json`` writes::
 
     {"memcpy_gbps": x, "file_write_gbps": x, "file_read_gbps": x,
@@ -51,11 +53,14 @@ VARIANTS = [
     Variant("file+fsync", True, "none"),
     Variant("file+zstd", False, "zstd"),
     Variant("file+lz4", False, "lz4"),
+    Variant("file+mac", False, "none", mac=True),  # with the cluster secret
 ]
 # (tier, operation, bar as a fraction of the reference) on the main shape.
 BARS = [
     ("cpu", "store", 0.8),
     ("cpu", "retrieve", 0.8),
+    ("cpu+mac", "store", 0.8),  # the same bar with the cluster secret on
+    ("cpu+mac", "retrieve", 0.8),
     ("file", "store", 0.7),
     ("file", "retrieve", 0.7),
     ("file+fsync", "store", 0.7),

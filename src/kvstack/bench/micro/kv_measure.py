@@ -11,6 +11,12 @@ keys (the CPU tier is full and evicts, as in steady state) and reads back what i
 - raw write: one new file per chunk, ``write`` + (``fsync``) + close, no checksum, measured next
   to each file-tier variant with that variant's ``fsync`` setting;
 - raw read: ``readinto`` of those files into preallocated buffers (page cache warm).
+
+The cluster secret, on and off in the same run: ``cpu+mac`` is the CPU tier of a cache that has
+the secret (it seals nothing and checks nothing: its bytes never leave the process, see
+:mod:`kvstack.kv.seal`), ``cpu+verify`` what checking every CPU-tier hit would cost (a store
+that seals each chunk and a retrieve that checks it, not what kvstack does), and file variants
+with ``mac`` seal on write and check on read, against the same raw file references.
 """
 
 from __future__ import annotations
@@ -26,10 +32,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.seal import ChunkSealer
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier
 from kvstack.kv.tiers.cpu.tier import CPUTier
 from kvstack.kv.tiers.file.tier import FileTier
+from kvstack.kv.trust import ChunkTrust
+from kvstack.security import ClusterKeys
 
 __all__ = ["CLOCKS", "Shape", "ShapeResult", "TierResult", "measure_shape"]
 
@@ -82,6 +91,11 @@ class Variant(NamedTuple):
     name: str
     fsync: bool
     compression: str
+    mac: bool = False  # with a cluster secret: sealed on write, checked on read
+
+
+# A fixed, benchmark-only secret: what it keys does not matter, only the work it costs.
+BENCH_KEYS = ClusterKeys(b"kvstack-bench-kv-secret-not-for-use".ljust(32, b"."))
 
 
 Samples = dict[str, list[float]]
@@ -99,17 +113,22 @@ def measure_shape(
     """Run ``rounds`` rounds over ``num_chunks`` chunks of ``shape`` under ``root``."""
     chunks = [kv_like(shape, i) for i in range(num_chunks)]
     outs = [torch.empty_like(c) for c in chunks]
-    cpu = CPUTier(num_chunks * (shape.chunk_bytes + 64), name=f"bench-cpu-{shape.name}")
+    size = num_chunks * (shape.chunk_bytes + 64)
+    cpus = {
+        "cpu": CPUTier(size, name=f"bench-cpu-{shape.name}"),
+        "cpu+mac": CPUTier(size, name=f"bench-cpu-mac-{shape.name}"),
+    }
+    cpus["cpu+mac"].trust = ChunkTrust(ChunkSealer(BENCH_KEYS))
     files = {v.name: _file_tier(root / v.name, v, num_chunks, shape) for v in variants}
     samples: Samples = {}
     try:
-        _fill(cpu, chunks, "warmup", clock)  # faults the arena in: later rounds evict and reuse it
+        for cpu in cpus.values():  # faults the arenas in: later rounds evict and reuse them
+            _fill(cpu, chunks, "warmup", clock)
         for r in range(rounds):
             step(f"{shape.name}: round {r + 1}/{rounds}")
-            _Round(r, chunks, outs, samples, clock).run(cpu, files, variants, root / "raw")
+            _Round(r, chunks, outs, samples, clock).run(cpus, files, variants, root / "raw")
     finally:
-        cpu.close()
-        for tier in files.values():
+        for tier in [*cpus.values(), *files.values()]:
             tier.close()
     return _summarise(shape, num_chunks, variants, files, samples)
 
@@ -132,6 +151,7 @@ def _file_tier(path: Path, v: Variant, num_chunks: int, shape: Shape) -> FileTie
         queue_depth=num_chunks + 1,
         queue_bytes=budget,
         name=f"bench-{v.name}-{shape.name}",
+        trust=ChunkTrust(ChunkSealer(BENCH_KEYS)) if v.mac else None,
     )
 
 
@@ -146,9 +166,11 @@ class _Round:
     clock: Clock
 
     def run(
-        self, cpu: CPUTier, files: dict[str, FileTier], variants: list[Variant], raw: Path
-    ) -> None:
-        _in_turn(self.r, self.memcpy, partial(self.cpu_tier, cpu))
+        self, cpus: dict[str, CPUTier], files: dict[str, FileTier], variants: list[Variant],
+        raw: Path,
+    ) -> None:  # fmt: skip
+        _in_turn(self.r, self.memcpy, partial(self.cpu_tier, cpus["cpu"], "cpu"))
+        _in_turn(self.r, partial(self.cpu_tier, cpus["cpu+mac"], "cpu+mac"), self.cpu_verify)
         for v in variants:
             self.file_tier(
                 files[v.name], v, [raw / f"{i}.{self.r}" for i in range(len(self.chunks))]
@@ -166,9 +188,17 @@ class _Round:
             "memcpy", lambda: [o.copy_(c) for o, c in zip(self.outs, self.chunks, strict=True)]
         )
 
-    def cpu_tier(self, cpu: CPUTier) -> None:
-        keys = self.store(cpu, "cpu.store")
-        self.timed("cpu.retrieve", partial(_get_all, cpu, keys, self.outs))
+    def cpu_tier(self, cpu: CPUTier, name: str) -> None:
+        keys = self.store(cpu, f"{name}.store")
+        self.timed(f"{name}.retrieve", partial(_get_all, cpu, keys, self.outs))
+
+    def cpu_verify(self) -> None:
+        """What a CPU tier that sealed every store and checked every hit would cost: a memcpy
+        plus the MAC over the same bytes (the copy's destination, as a check would read it)."""
+        sealer = ChunkSealer(BENCH_KEYS)
+        pairs = list(zip(self.outs, self.chunks, strict=True))
+        self.timed("cpu+verify.store", lambda: [_copy_and_mac(sealer, o, c) for o, c in pairs])
+        self.timed("cpu+verify.retrieve", lambda: [_copy_and_mac(sealer, o, c) for o, c in pairs])
 
     def file_tier(self, tier: FileTier, v: Variant, paths: list[Path]) -> None:
         keys: list[ChunkKey] = []
@@ -216,6 +246,13 @@ def _fill(
     if timer is not None:
         timer(seconds)
     return keys
+
+
+def _copy_and_mac(sealer: ChunkSealer, out: torch.Tensor, chunk: torch.Tensor) -> bytes:
+    out.copy_(chunk)
+    _, mac = sealer.begin_seal(b"\0" * 16)
+    mac.update(byte_view(out))
+    return mac.tag(b"")
 
 
 def _get_all(tier: Tier, keys: list[ChunkKey], outs: list[torch.Tensor]) -> None:
@@ -269,12 +306,13 @@ def _summarise(
         med[f"{refs[False]}.ref.read"],
         med[f"{fsync_ref}.ref.write"] if fsync_ref else None,
     )
-    result.tiers["cpu"] = TierResult(
-        med["cpu.store"],
-        med["cpu.retrieve"],
-        ratio("cpu.store", "memcpy"),
-        ratio("cpu.retrieve", "memcpy"),
-    )
+    for name in ("cpu", "cpu+mac", "cpu+verify"):
+        result.tiers[name] = TierResult(
+            med[f"{name}.store"],
+            med[f"{name}.retrieve"],
+            ratio(f"{name}.store", "memcpy"),
+            ratio(f"{name}.retrieve", "memcpy"),
+        )
     for v in variants:
         stored_bytes_read = files[v.name].stats().bytes_read
         raw_bytes_read = num_chunks * shape.chunk_bytes * len(samples["memcpy"])

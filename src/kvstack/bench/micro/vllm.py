@@ -14,6 +14,8 @@ Scenarios, each the median of ``--reps`` prompts of ``--prompt-tokens`` random t
 - ``overhead``: TTFT and throughput on unique prompts (no reuse), with and without kvstack.
 
 Prints a table and writes ``--json``. Uses the ~150M-parameter toy Llama unless ``--quick``.
+``--scenario`` picks another measurement instead (interference, multi-turn, preemption,
+overhead, pipelining: :mod:`kvstack.bench.micro.vllm_scenarios`).
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import argparse
 import contextlib
 import functools
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvstack.bench.micro.vllm_harness import drop_page_cache
 from kvstack.bench.micro.vllm_probe import PromptFactory, reset_prefix_cache, throughput, ttft
+from kvstack.bench.micro.vllm_scenarios import SCENARIOS, run_scenario
 from kvstack.models.toy import SMALL, TINY, build_toy_model
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
 
@@ -179,25 +181,6 @@ class Bench:
             }
 
 
-def drop_page_cache(root: Path) -> int:
-    """Evict the chunk files from the page cache; returns the bytes still resident."""
-    files = [p for p in root.rglob("*.kvc")]
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    if not files or shutil.which("fincore") is None:
-        return -1
-    out = subprocess.run(
-        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files[:200])],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    return sum(int(line.split()[0]) for line in out.stdout.splitlines() if line.strip())
-
-
 def summarize(r: dict[str, Any]) -> list[tuple[str, str, str]]:
     cold = r.get("cold_s", float("nan"))
     hit = r.get("vllm_prefix_hit_s", float("nan"))
@@ -266,9 +249,15 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", help="where logs and tiers go (default: a temp dir)")
     parser.add_argument("--skip", action="append", default=[], choices=["example", "restart"])
+    parser.add_argument("--scenario", choices=["ttft", *SCENARIOS], default="ttft")
+    parser.add_argument(
+        "--preempt-blocks", type=int, default=48, help="KV blocks for --scenario preemption"
+    )
     args = parser.parse_args(argv)
     args.prompt_tokens = args.prompt_tokens or (2048 if args.quick else 8192)
     args.reps = args.reps or (1 if args.quick else 3)
+    if args.scenario != "ttft":
+        return _scenario(args)
     bench = Bench(args)
     print(f"kvstack bench vllm: model {bench.model.name}, work dir {bench.work}", flush=True)
     bench.plain()
@@ -281,3 +270,12 @@ def run(argv: list[str]) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(bench.results, indent=2))
     return 0
+
+
+def _scenario(args: argparse.Namespace) -> int:
+    work = Path(args.work_dir or tempfile.mkdtemp(prefix="kvstack-bench-vllm-"))
+    # Preemption counts tokens, not seconds: the tiny model shows it in minutes.
+    small = not args.quick and args.scenario != "preemption"
+    model = build_toy_model(spec=SMALL if small else TINY)
+    print(f"kvstack bench vllm --scenario {args.scenario}: model {model.name}, work dir {work}")
+    return run_scenario(args, model, work)

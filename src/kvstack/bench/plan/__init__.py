@@ -1,1 +1,2 @@
-"""``kvstack plan``: whether KV tiers pay off for a workload on given hardware."""
+"""``kvstack plan``: native vLLM CPU offload, kvstack with local tiers, kvstack with shared tiers,
+or neither, for a workload on given hardware, with the numbers behind the answer."""

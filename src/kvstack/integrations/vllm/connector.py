@@ -13,6 +13,12 @@ slower. ``"kv_load_failure_policy"`` is set to ``recompute`` (``on_load_failure`
 loads (a decode engine). vLLM builds one instance per role: the scheduler side
 (:mod:`.scheduler`) and one worker side per rank (:mod:`.worker`); this class only routes
 vLLM's calls to them.
+
+Loads from slow tiers are asynchronous (the request waits, the batch does not), saves copy out
+on the step and publish on a thread, generated tokens are saved like the prompt, and
+preempted requests resume from the tiers. The class declares ``SupportsHMA`` so that vLLM
+keeps its hybrid KV cache manager for hybrid and sliding-window models (Mamba hybrids do not
+start without it); for those the connector stores and serves nothing (:mod:`.layout`).
 """
 
 from __future__ import annotations
@@ -28,11 +34,18 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvstack.errors import ConfigError
-from kvstack.integrations.settings import index_section, split_extra_config
+from kvstack.integrations.settings import (
+    index_section,
+    security_section,
+    split_extra_config,
+    transfer_modes,
+)
 from kvstack.integrations.vllm.layout import describe_layout
 from kvstack.integrations.vllm.scheduler import KVStackMetadata, SchedulerSide
 from kvstack.integrations.vllm.stats import KVStackPromMetrics, KVStackStats
@@ -81,15 +94,20 @@ def model_fingerprint(vllm_config: VllmConfig) -> str:
     return fingerprint
 
 
-class KVStackConnector(KVConnectorBase_V1):
+class KVStackConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.HOST
 
     @property
     def requires_kv_delivery(self) -> bool:
-        # Saves finish inside the step that computed the KV (a producer flushes its shared
-        # tiers before the step returns), so nothing is pending when a request is preempted:
-        # vLLM must not drop and recompute the preempted request's in-flight output.
+        # kvstack is a cache: a dropped save is a future miss. A preempted request's pending
+        # copy-outs end in handle_preemptions, before its blocks can be reused, so vLLM need
+        # not drop and recompute the preempted request's in-flight output.
         return False
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # Layer pipelining runs Python between attention layers (on by default on GPUs).
+        return extra_config.get("layer_pipelining") is not False
 
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -99,7 +117,7 @@ class KVStackConnector(KVConnectorBase_V1):
         transfer = self._kv_transfer_config
         settings, kv = split_extra_config(transfer.kv_connector_extra_config)
         layout = describe_layout(vllm_config, kv_cache_config)
-        if kv.chunk_size % layout.block_size:
+        if layout.restorable and kv.chunk_size % layout.block_size:
             suggestion = layout.block_size * max(1, kv.chunk_size // layout.block_size)
             raise ConfigError(
                 f"kvstack chunk_size {kv.chunk_size} must be a multiple of vLLM's block size "
@@ -114,25 +132,27 @@ class KVStackConnector(KVConnectorBase_V1):
                 "save_partial_chunks": False,
             }
         )
-        can_load = transfer.kv_role in ("kv_both", "kv_consumer")
-        can_save = transfer.kv_role in ("kv_both", "kv_producer")
+        roles = (
+            transfer.kv_role in ("kv_both", "kv_consumer"),
+            transfer.kv_role in ("kv_both", "kv_producer"),
+        )
+        modes = transfer_modes(settings, str(vllm_config.device_config.device_type))
         engine_id = str(transfer.engine_id)
         self._scheduler: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         if role == KVConnectorRole.SCHEDULER:
             transfer.kv_load_failure_policy = settings.on_load_failure
             self._scheduler = SchedulerSide(
-                kv, layout.block_size, engine_id, settings.lookup_timeout_s,
-                can_load, can_save, with_tokens=settings.kv_events,
+                kv, layout.block_size, engine_id, settings, roles,
+                modes.copy_out_background, layout.unrestorable,
             )  # fmt: skip
         else:
-            rank = _tp_rank()
             sync = (
                 settings.save_mode or ("sync" if transfer.kv_role == "kv_producer" else "async")
             ) == "sync"
-            kv = kv.model_copy(update={"tp_rank": rank})
-            index = index_section(settings)
-            self._worker = WorkerSide(kv, layout, engine_id, rank, sync, settings.kv_events, index)
+            kv = kv.model_copy(update={"tp_rank": _tp_rank()})
+            index, security = index_section(settings), security_section(settings)
+            self._worker = WorkerSide(kv, layout, engine_id, settings, modes, sync, index, security)
         log.info(
             "kvstack connector (%s, %s): chunk %d tokens, namespace model %s",
             role.name.lower(), transfer.kv_role, kv.chunk_size, kv.model,
@@ -143,13 +163,22 @@ class KVStackConnector(KVConnectorBase_V1):
         assert self._worker is not None
         self._worker.register(self._kv_cache_config, kv_caches)
 
-    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+    def _meta(self) -> KVStackMetadata:
         meta = self._get_connector_metadata()
-        assert self._worker is not None and isinstance(meta, KVStackMetadata)
-        self._worker.load(meta)
+        assert isinstance(meta, KVStackMetadata)
+        return meta
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        if self._worker is not None and isinstance(kv_connector_metadata, KVStackMetadata):
+            self._worker.handle_preemptions(kv_connector_metadata)
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        assert self._worker is not None
+        self._worker.start_step(self._meta())
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads complete in start_load_kv, before the forward pass
+        assert self._worker is not None
+        self._worker.wait_for_layer(layer_name)
 
     def save_kv_layer(
         self,
@@ -158,15 +187,22 @@ class KVStackConnector(KVConnectorBase_V1):
         attn_metadata: AttentionMetadata,
         **kwargs: Any,
     ) -> None:
-        return  # saves happen once per step in wait_for_save, over all layers at once
+        assert self._worker is not None
+        self._worker.save_layer(layer_name, self._meta())
 
     def wait_for_save(self) -> None:
-        meta = self._get_connector_metadata()
-        assert self._worker is not None and isinstance(meta, KVStackMetadata)
-        self._worker.save(meta)
+        assert self._worker is not None
+        self._worker.end_step(self._meta())
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        assert self._worker is not None
+        return self._worker.get_finished()
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self._worker.take_failed_blocks() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        return self._worker.worker_meta() if self._worker is not None else None
 
     def get_kv_connector_kv_cache_events(self) -> KVConnectorKVEvents | None:
         return self._worker.take_events() if self._worker is not None else None
@@ -190,7 +226,7 @@ class KVStackConnector(KVConnectorBase_V1):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         assert self._scheduler is not None
-        return self._scheduler.num_new_matched_tokens(request, num_computed_tokens), False
+        return self._scheduler.num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -205,13 +241,20 @@ class KVStackConnector(KVConnectorBase_V1):
     def request_finished(
         self, request: Request, block_ids: list[int]
     ) -> tuple[bool, dict[str, Any] | None]:
-        if self._scheduler is not None:
-            self._scheduler.request_finished(request)
-        return False, None
+        hold = self._scheduler is not None and self._scheduler.request_finished(request)
+        return hold, None
+
+    def request_finished_all_groups(
+        self, request: Request, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        return self.request_finished(request, block_ids[0] if block_ids else [])
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        if self._scheduler is None:
+            return
+        self._scheduler.on_worker_output(connector_output)
         events = connector_output.kv_cache_events
-        if self._scheduler is None or events is None:
+        if events is None:
             return
         if self._pending_events is None:
             self._pending_events = events

@@ -7,8 +7,15 @@ in the engine's own page encoding. No reformatting happens on the hot path, and 
 signature (device, attention layout, block size, page size, dtype, heads...) is part of the key
 namespace, so engines with different layouts never exchange chunks.
 
-Copies are vectorised torch ops, one per layer per chunk. On GPUs the pages are gathered on the
-device, then copied to pinned host memory with a non-blocking copy on a side stream.
+**Restorable layouts.** kvstack restores a prefix by writing every layer's pages of its blocks.
+That is the whole state only when the model has one KV cache group of full attention: a
+sliding-window or chunked-local group drops blocks outside its window, a Mamba group keeps a
+running state, and several groups need several block tables. For any other layout
+:func:`describe_layout` returns a layout with ``restorable = False`` and the reason; the
+connector then stores nothing and serves no hit for that model (the model still runs).
+
+Copies are vectorised torch ops, one per layer per chunk, and can run one layer at a time (for
+layer pipelining). On GPUs the caller runs them on a side stream (:mod:`.streams`).
 """
 
 from __future__ import annotations
@@ -25,9 +32,9 @@ from kvstack.errors import ConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
-    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 
-__all__ = ["PagedKV", "PagedLayout", "describe_layout"]
+__all__ = ["PagedKV", "PagedLayout", "describe_layout", "unrestorable_reason"]
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,11 @@ class PagedLayout:
     page_bytes: int
     kv_dtype: str
     signature: str  # short digest of everything that decides the page bytes
+    unrestorable: str = ""  # why kvstack cannot restore this model's KV ("" when it can)
+
+    @property
+    def restorable(self) -> bool:
+        return not self.unrestorable
 
     @property
     def num_layers(self) -> int:
@@ -46,14 +58,39 @@ class PagedLayout:
         return (self.num_layers, blocks, self.page_bytes)
 
 
+def unrestorable_reason(kv_cache_config: KVCacheConfig) -> str:
+    """Why loading pages would not restore this model's KV state ("" when it would)."""
+    groups = [g for g in kv_cache_config.kv_cache_groups if g.layer_names]
+    kinds = [_spec_kind(g.kv_cache_spec) for g in groups]
+    if len(groups) == 1 and kinds[0] == "full attention":
+        return ""
+    if len(groups) == 1:
+        return f"its one KV cache group is {kinds[0]}, which keeps no full prefix state"
+    return (
+        f"vLLM keeps {len(groups)} KV cache groups ({', '.join(kinds)}): blocks outside a "
+        "sliding window or a recurrent state are not pages kvstack can restore. Start vLLM "
+        "with --disable-hybrid-kv-cache-manager to keep every layer's full KV, which kvstack "
+        "then serves"
+    )
+
+
+def _spec_kind(spec: KVCacheSpec) -> str:
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, RSWASpec, UniformTypeKVCacheSpecs
+
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        inner = {_spec_kind(s) for s in spec.kv_cache_specs.values()}
+        pages = {s.page_size_bytes for s in spec.kv_cache_specs.values()}
+        if inner == {"full attention"} and len(pages) == 1:
+            return "full attention"
+        return "layers of different page sizes"
+    if isinstance(spec, FullAttentionSpec) and not isinstance(spec, RSWASpec):
+        return "full attention"
+    return type(spec).__name__.removesuffix("Spec").replace("_", " ") or "unknown"
+
+
 def describe_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> PagedLayout:
     """The layout both connector roles derive from the same ``KVCacheConfig``."""
     groups = [g for g in kv_cache_config.kv_cache_groups if g.layer_names]
-    if len(groups) != 1:
-        raise ConfigError(
-            f"kvstack's connector supports models with one KV cache group; this model has "
-            f"{len(groups)} (hybrid or sliding-window attention)"
-        )
     spec = groups[0].kv_cache_spec
     layers = tuple(name for t in kv_cache_config.kv_cache_tensors for name in t.layers)
     dtype = str(getattr(spec, "dtype", "unknown")).removeprefix("torch.")
@@ -69,8 +106,13 @@ def describe_layout(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> 
         "head_size": getattr(spec, "head_size", None),
         "layers": len(layers),
     }
+    reason = unrestorable_reason(kv_cache_config)
+    if reason:  # never exchange chunks with a restorable layout of the same first group
+        described["groups"] = [type(g.kv_cache_spec).__name__ for g in groups]
     digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
-    return PagedLayout(layers, spec.block_size, spec.page_size_bytes, dtype, f"vllm-{digest}")
+    return PagedLayout(
+        layers, spec.block_size, spec.page_size_bytes, dtype, f"vllm-{digest}", reason
+    )
 
 
 class PagedKV:
@@ -102,33 +144,41 @@ class PagedKV:
         if missing:
             raise ConfigError(f"no KV cache registered for layers {missing[:3]}")
         self.pages = [views[n] for n in layout.layer_names]
+        self.layer_index = {name: i for i, name in enumerate(layout.layer_names)}
         self.device = self.pages[0].device
-        self._stream: torch.cuda.Stream | None = None
-        if self.device.type == "cuda":
-            self._stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+
+    def block_index(self, block_ids: Sequence[int]) -> torch.Tensor:
+        """Block ids as an index tensor on the KV's device (build once, use per layer)."""
+        return torch.tensor(block_ids, dtype=torch.long, device=self.device)
+
+    def gather_layer(self, layer: int, index: torch.Tensor, out: torch.Tensor) -> None:
+        """Copy layer ``layer``'s pages of the blocks in ``index`` into ``out``
+        (``[len(index), page]``, host memory; on a GPU a non-blocking copy on the caller's
+        stream, so ``out`` must be pinned and kept until that stream has run it)."""
+        pages = self.pages[layer]
+        if pages.device.type == "cpu":
+            torch.index_select(pages, 0, index, out=out)
+        else:
+            out.copy_(pages.index_select(0, index), non_blocking=True)
+
+    def scatter_layer(self, layer: int, index: torch.Tensor, src: torch.Tensor) -> None:
+        """Write ``src`` (``[len(index), page]``, host memory) into layer ``layer``'s pages."""
+        pages = self.pages[layer]
+        if pages.device.type != "cpu":
+            src = src.to(pages.device, non_blocking=True)
+        pages.index_copy_(0, index, src)
 
     def gather(self, block_ids: Sequence[int], out: torch.Tensor) -> None:
-        """Copy the pages of ``block_ids`` into ``out`` (host ``[layers, len(ids), page]``)."""
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        if self._stream is None:
-            for layer, pages in enumerate(self.pages):
-                torch.index_select(pages, 0, idx, out=out[layer])
-            return
-        staged = torch.stack([pages.index_select(0, idx) for pages in self.pages])
-        self._stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self._stream):
-            out.copy_(staged, non_blocking=True)
-        self._stream.synchronize()
+        """Every layer's pages of ``block_ids`` into ``out`` (``[layers, len(ids), page]``)."""
+        index = self.block_index(block_ids)
+        for layer in range(len(self.pages)):
+            self.gather_layer(layer, index, out[layer])
 
     def scatter(self, block_ids: Sequence[int], src: torch.Tensor) -> None:
-        """Write ``src`` (host ``[layers, len(ids), page]``) into the pages of ``block_ids``."""
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        if self._stream is not None:
-            with torch.cuda.stream(self._stream):
-                src = src.to(self.device, non_blocking=True)
-            torch.cuda.current_stream().wait_stream(self._stream)
-        for layer, pages in enumerate(self.pages):
-            pages.index_copy_(0, idx, src[layer])
+        """Write ``src`` (``[layers, len(ids), page]``) into the pages of ``block_ids``."""
+        index = self.block_index(block_ids)
+        for layer in range(len(self.pages)):
+            self.scatter_layer(layer, index, src[layer])
 
 
 def _raw_bytes(tensor: torch.Tensor) -> torch.Tensor:

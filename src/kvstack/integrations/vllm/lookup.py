@@ -2,8 +2,10 @@
 
 vLLM runs the connector's scheduler side and worker side in different processes; the tiers (and
 their in-memory CPU tier) live with the worker, next to the KV tensors. Each worker rank serves
-``contains_prefix(keys)`` on an IPC socket named after the engine id and rank; the scheduler asks
-every rank and takes the shortest hit. A lookup that times out counts as a miss: the request is
+``contains_prefix(keys)`` on an IPC socket named after the engine id and rank, answering how
+many leading chunks some tier holds and how many of those the in-memory tier holds (the
+scheduler loads the latter within the step, the rest asynchronously). The scheduler asks every
+rank and takes the shortest hit. A lookup that times out counts as a miss: the request is
 computed normally.
 """
 
@@ -14,16 +16,25 @@ import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 import zmq
 
-__all__ = ["LookupClient", "LookupServer", "lookup_endpoint"]
+__all__ = ["LookupClient", "LookupServer", "PrefixAnswer", "lookup_endpoint"]
 
 log = logging.getLogger(__name__)
 _encode = msgspec.msgpack.Encoder().encode
 _decode_keys = msgspec.msgpack.Decoder(list[bytes]).decode
-_decode_int = msgspec.msgpack.Decoder(int).decode
+_decode_answer = msgspec.msgpack.Decoder(tuple[int, int]).decode
+
+
+class PrefixAnswer(NamedTuple):
+    chunks: int  # leading chunks held by some tier
+    in_memory: int  # leading chunks held by the in-memory tier (<= chunks)
+
+
+MISS = PrefixAnswer(0, 0)
 
 
 def lookup_endpoint(engine_id: str, rank: int) -> str:
@@ -31,9 +42,11 @@ def lookup_endpoint(engine_id: str, rank: int) -> str:
 
 
 class LookupServer:
-    """A daemon thread answering ``[key, ...] -> number of leading keys stored``."""
+    """A daemon thread answering ``[key, ...] -> (leading keys stored, of those in memory)``."""
 
-    def __init__(self, endpoint: str, contains_prefix: Callable[[Sequence[bytes]], int]) -> None:
+    def __init__(
+        self, endpoint: str, contains_prefix: Callable[[Sequence[bytes]], PrefixAnswer]
+    ) -> None:
         self.endpoint = endpoint
         self._contains_prefix = contains_prefix
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
@@ -55,8 +68,8 @@ class LookupServer:
                 found = self._contains_prefix(_decode_keys(request))
             except Exception:  # a broken lookup is a miss, never a dead server
                 log.exception("kvstack lookup failed")
-                found = 0
-            self._sock.send(_encode(found))
+                found = MISS
+            self._sock.send(_encode(tuple(found)))
 
     def close(self) -> None:
         self._stop.set()
@@ -83,20 +96,23 @@ class LookupClient:
         sock.connect(endpoint)
         return sock
 
-    def prefix(self, keys_by_rank: Sequence[Sequence[bytes]]) -> int:
-        """The number of leading chunks stored on every rank (0 on any failure)."""
-        found = None
+    def prefix(self, keys_by_rank: Sequence[Sequence[bytes]]) -> PrefixAnswer:
+        """Leading chunks stored on every rank, and of those in memory (a miss on failure)."""
+        found: PrefixAnswer | None = None
         for rank, keys in enumerate(keys_by_rank):
             try:
                 self._socks[rank].send(_encode(list(keys)))
-                count = _decode_int(self._socks[rank].recv())
+                answer = PrefixAnswer(*_decode_answer(self._socks[rank].recv()))
             except zmq.ZMQError as exc:
                 log.warning("kvstack lookup on rank %d failed (%s); treating as a miss", rank, exc)
                 self._socks[rank].close()
                 self._socks[rank] = self._connect(self._endpoints[rank])
-                return 0
-            found = count if found is None else min(found, count)
-        return found or 0
+                return MISS
+            if found is None:
+                found = answer
+            else:
+                found = PrefixAnswer(min(found[0], answer[0]), min(found[1], answer[1]))
+        return found or MISS
 
     def close(self) -> None:
         for sock in self._socks:

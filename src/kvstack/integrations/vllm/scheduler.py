@@ -1,12 +1,20 @@
 """The scheduler side of the connector: lookups, load and save planning, per-request state.
 
-Call order per engine step (vLLM's scheduler): ``on_new_request`` when a request arrives;
-``get_num_new_matched_tokens`` while it waits (maybe several times; no external effects here —
-only a cached lookup); ``update_state_after_alloc`` once blocks are allocated; then
-``build_connector_meta`` for the step, which turns pending loads and newly computed full prompt
-chunks into :class:`KVStackMetadata` for the workers; ``request_finished`` drops the state.
-Loads are synchronous (done by the worker before the forward pass), so no blocks are ever held
-past a step and preempted or aborted requests leave nothing behind.
+Call order (vLLM's scheduler)::
+
+    on_new_request(r)                  a tracker over r's live token list (prompt, then output)
+    get_num_new_matched_tokens(r, n)   cached lookup -> (tokens to load, load_async); no effects
+    update_state_after_alloc(r, ...)   block table; the load is planned (async: sent next step)
+    build_connector_meta(out)          per step: loads to start, sync loads, saves of full
+                                       chunks the step completes (prompt or generated),
+                                       preempted requests, finished requests now held
+    update_connector_output(o)         copy-outs over, sends done, blocks that failed to load
+    request_finished(r) -> hold        True while a background copy-out of r's blocks runs
+
+A load is asynchronous (``load_async``) unless every chunk it needs is in the in-memory tier:
+the request then waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` while the others keep stepping,
+and the worker reports the finished receive (and any failed blocks) through ``get_finished``.
+A preempted request resumes through the same lookup, now over its prompt and generated tokens.
 """
 
 from __future__ import annotations
@@ -16,19 +24,24 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorMetadata,
+    KVConnectorWorkerMetadata,
+)
 
 from kvstack.integrations.plan import RequestIO, RequestTracker, block_aligned_hit
-from kvstack.integrations.vllm.lookup import LookupClient, lookup_endpoint
+from kvstack.integrations.settings import ConnectorSettings
+from kvstack.integrations.vllm.lookup import LookupClient, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.stats import KVStackStats
 from kvstack.kv.config import KVConfig
-from kvstack.kv.keys import Namespace, chunk_keys
+from kvstack.kv.keys import Namespace
 
 if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
-__all__ = ["KVStackMetadata", "SchedulerSide", "namespace_digest"]
+__all__ = ["KVStackMetadata", "KVStackWorkerMeta", "SchedulerSide", "namespace_digest"]
 
 log = logging.getLogger(__name__)
 LOOKUP_REUSE_S = 1.0  # a waiting request re-asks at most this often
@@ -36,8 +49,21 @@ LOOKUP_REUSE_S = 1.0  # a waiting request re-asks at most this often
 
 @dataclass
 class KVStackMetadata(KVConnectorMetadata):
-    loads: list[RequestIO] = field(default_factory=list)
+    step: int = 0
+    loads: list[RequestIO] = field(default_factory=list)  # before this step's forward pass
+    async_loads: list[RequestIO] = field(default_factory=list)  # started now, done later
     saves: list[RequestIO] = field(default_factory=list)
+    preempted: set[str] = field(default_factory=set)  # their copy-outs end before the forward
+    held: list[str] = field(default_factory=list)  # finished; blocks freed once copied out
+
+
+@dataclass
+class KVStackWorkerMeta(KVConnectorWorkerMetadata):
+    copied_through_step: int  # every copy-out of this step and earlier ones is over
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVStackWorkerMeta:
+        theirs = getattr(other, "copied_through_step", self.copied_through_step)
+        return KVStackWorkerMeta(min(self.copied_through_step, theirs))
 
 
 def namespace_digest(kv: KVConfig, rank: int, adapter: str, salt: str) -> bytes:
@@ -50,9 +76,16 @@ def namespace_digest(kv: KVConfig, rank: int, adapter: str, salt: str) -> bytes:
 
 @dataclass
 class _Lookup:
-    chunks: int
+    num_keys: int
+    answer: PrefixAnswer
     at: float
     counted: bool = False
+
+
+@dataclass
+class _PlannedLoad:
+    start: int
+    asynchronous: bool
 
 
 class SchedulerSide:
@@ -61,87 +94,133 @@ class SchedulerSide:
         kv: KVConfig,
         block_size: int,
         engine_id: str,
-        lookup_timeout_s: float,
-        can_load: bool,
-        can_save: bool,
-        with_tokens: bool,
+        settings: ConnectorSettings,
+        roles: tuple[bool, bool],  # (can_load, can_save)
+        copy_out_background: bool,
+        unrestorable: str = "",
     ) -> None:
-        self.kv = kv
-        self.block_size = block_size
-        self.can_load, self.can_save, self.with_tokens = can_load, can_save, with_tokens
+        self.kv, self.block_size, self.settings = kv, block_size, settings
+        self.can_load, self.can_save = roles
+        self.with_tokens = settings.kv_events
+        self.copy_out_background = copy_out_background
+        self.enabled = not unrestorable and (self.can_load or self.can_save)
+        if unrestorable:
+            log.warning("kvstack stores nothing and serves no hit for this model: %s", unrestorable)
         endpoints = [lookup_endpoint(engine_id, rank) for rank in range(kv.tp_size)]
-        self.client = LookupClient(endpoints, lookup_timeout_s)
+        self.client = LookupClient(endpoints, settings.lookup_timeout_s)
         self.trackers: dict[str, RequestTracker] = {}
-        self.local_hits: dict[str, int] = {}
         self.lookups: dict[str, _Lookup] = {}
+        self.planned: dict[str, _PlannedLoad] = {}
+        self.starting: dict[str, RequestIO] = {}  # async loads for the next metadata
+        self.last_save_step: dict[str, int] = {}
+        self.hold_since: dict[str, float] = {}
+        self.new_held: list[str] = []
+        self.step = 0
+        self.copied_through = 0
         self.stats = KVStackStats()
         self._reported_tracked = -1
 
     # -- request lifecycle -----------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
-        prompt = list(request.prompt_token_ids or [])
+        if not self.enabled or request.prompt_token_ids is None:
+            return  # prompt embeddings have no token ids to key
         adapter = request.lora_request.lora_name if request.lora_request else ""
         salt = request.cache_salt or ""
-        keys = [
-            chunk_keys(prompt, namespace_digest(self.kv, rank, adapter, salt), self.kv.chunk_size)
-            for rank in range(self.kv.tp_size)
-        ]
+        seeds = [namespace_digest(self.kv, r, adapter, salt) for r in range(self.kv.tp_size)]
         self.trackers[request.request_id] = RequestTracker(
-            request.request_id, prompt, keys, self.kv.chunk_size, self.block_size, adapter or None
-        )
+            request.request_id, request.all_token_ids, request.num_prompt_tokens, seeds,
+            self.kv.chunk_size, self.block_size, adapter or None, self.settings.save_generated,
+        )  # fmt: skip
 
-    def request_finished(self, request: Request) -> None:
-        self.trackers.pop(request.request_id, None)
-        self.local_hits.pop(request.request_id, None)
-        self.lookups.pop(request.request_id, None)
+    def request_finished(self, request: Request) -> bool:
+        """Forget the request; True when its blocks must wait for a running copy-out."""
+        req_id = request.request_id
+        self.trackers.pop(req_id, None)
+        self.lookups.pop(req_id, None)
+        self.planned.pop(req_id, None)
+        if req_id in self.starting:  # aborted before its load started: start nothing
+            self.starting[req_id] = RequestIO(req_id, [])
+        last_save = self.last_save_step.pop(req_id, 0)
+        if not self.copy_out_background or last_save <= self.copied_through:
+            return False
+        self.new_held.append(req_id)
+        self.hold_since[req_id] = time.monotonic()
+        self.stats.add("held_requests", 1)
+        return True
 
     # -- lookups ---------------------------------------------------------------------------
-    def num_new_matched_tokens(self, request: Request, num_computed: int) -> int:
+    def num_new_matched_tokens(self, request: Request, num_computed: int) -> tuple[int, bool]:
         tracker = self.trackers.get(request.request_id)
         if not self.can_load or tracker is None or not tracker.num_full_chunks:
-            return 0
+            return 0, False
         lookup = self._lookup(tracker)
-        tracker.mark_stored(lookup.chunks)
+        tracker.mark_stored(lookup.answer.chunks)
         hit = block_aligned_hit(
-            lookup.chunks * self.kv.chunk_size, len(tracker.prompt), self.block_size
+            lookup.answer.chunks * self.kv.chunk_size, tracker.num_tokens, self.block_size
         )
         external = max(hit - num_computed, 0)
         if not lookup.counted:
             lookup.counted = True
-            self.stats.add("lookup_tokens", max(len(tracker.prompt) - num_computed, 0))
+            self.stats.add("lookup_tokens", max(tracker.num_tokens - num_computed, 0))
             self.stats.add("hit_tokens", external)
-        self.local_hits[request.request_id] = num_computed
-        return external
+        if external == 0:
+            return 0, False
+        asynchronous = self._asynchronous(lookup.answer, hit)
+        self.planned[request.request_id] = _PlannedLoad(num_computed, asynchronous)
+        return external, asynchronous
+
+    def _asynchronous(self, answer: PrefixAnswer, hit_tokens: int) -> bool:
+        mode = self.settings.load_mode
+        if mode != "auto":
+            return mode == "async"
+        needed = -(-hit_tokens // self.kv.chunk_size)
+        return answer.in_memory < needed
 
     def _lookup(self, tracker: RequestTracker) -> _Lookup:
         now = time.monotonic()
+        keys = tracker.lookup_keys()
         cached = self.lookups.get(tracker.req_id)
-        if cached is None or now - cached.at > LOOKUP_REUSE_S:
-            chunks = self.client.prefix(tracker.keys)
-            cached = _Lookup(chunks, now, cached.counted if cached else False)
+        if cached is None or cached.num_keys != len(keys[0]) or now - cached.at > LOOKUP_REUSE_S:
+            counted = cached is not None and cached.counted and cached.num_keys == len(keys[0])
+            cached = _Lookup(len(keys[0]), self.client.prefix(keys), now, counted)
             self.lookups[tracker.req_id] = cached
         return cached
 
     def after_alloc(self, request: Request, block_ids: list[int], num_external: int) -> None:
-        tracker = self.trackers.get(request.request_id)
+        req_id = request.request_id
+        tracker = self.trackers.get(req_id)
+        planned = self.planned.pop(req_id, None)
+        self.lookups.pop(req_id, None)  # a later re-schedule asks afresh
         if tracker is None:
             return
         tracker.set_blocks(block_ids, replace=True)
-        if num_external > 0:
-            tracker.set_load(self.local_hits.get(request.request_id, 0), num_external)
-        self.lookups.pop(request.request_id, None)  # a later re-schedule asks afresh
+        if num_external <= 0 or planned is None:
+            return
+        tracker.set_load(planned.start, num_external)
+        if planned.asynchronous:
+            loads = tracker.take_loads()
+            if loads is not None:
+                self.starting[req_id] = loads
+        self.stats.add("async_loads" if planned.asynchronous else "sync_loads", 1)
+        if request.num_preemptions > 0:
+            self.stats.add("preemption_recoveries", 1)
+            self.stats.add("preemption_recovered_tokens", num_external)
 
     # -- per-step metadata -----------------------------------------------------------------
     def build_meta(self, out: SchedulerOutput) -> KVStackMetadata:
-        meta = KVStackMetadata()
-        if out.preempted_req_ids:
-            self.stats.add("preempted_requests", len(out.preempted_req_ids))
+        self.step += 1
+        meta = KVStackMetadata(self.step, preempted=set(out.preempted_req_ids or ()))
+        meta.async_loads, self.starting = list(self.starting.values()), {}
+        meta.held, self.new_held = self.new_held, []
+        if meta.preempted:
+            self.stats.add("preempted_requests", len(meta.preempted))
+        spec = out.scheduled_spec_decode_tokens
         for new in out.scheduled_new_reqs:
             tracker = self.trackers.get(new.req_id)
             if tracker is not None:
                 tracker.set_blocks(new.block_ids[0], replace=True)
-                computed = new.num_computed_tokens + out.num_scheduled_tokens.get(new.req_id, 0)
-                self._plan(tracker, computed, meta)
+                after = self._computed_after(tracker, new.num_computed_tokens, out, spec)
+                self._take(tracker, after, meta)
         cached = out.scheduled_cached_reqs
         if cached.resumed_req_ids:
             self.stats.add("resumed_requests", len(cached.resumed_req_ids))
@@ -152,20 +231,51 @@ class SchedulerSide:
             new_ids = cached.new_block_ids[i]
             if new_ids is not None:
                 tracker.set_blocks(new_ids[0], replace=req_id in cached.resumed_req_ids)
-            computed = cached.num_computed_tokens[i] + out.num_scheduled_tokens.get(req_id, 0)
-            self._plan(tracker, computed, meta)
+            after = self._computed_after(tracker, cached.num_computed_tokens[i], out, spec)
+            self._take(tracker, after, meta)
         return meta
 
-    def _plan(
-        self, tracker: RequestTracker, computed_after_step: int, meta: KVStackMetadata
-    ) -> None:
+    def _computed_after(
+        self,
+        tracker: RequestTracker,
+        before: int,
+        out: SchedulerOutput,
+        spec: dict[str, list[int]],
+    ) -> int:
+        """Tokens with KV once the step has run; draft tokens may still be rejected, so their
+        KV is not the request's yet."""
+        scheduled = out.num_scheduled_tokens.get(tracker.req_id, 0)
+        after = before + scheduled - len(spec.get(tracker.req_id, ()))
+        again = tracker.note_computed(before, after)
+        if again:
+            self.stats.add("recomputed_tokens", again)
+        return after
+
+    def _take(self, tracker: RequestTracker, after: int, meta: KVStackMetadata) -> None:
         loads = tracker.take_loads()
         if loads is not None:
             meta.loads.append(loads)
         if self.can_save:
-            saves = tracker.take_saves(computed_after_step, self.with_tokens)
+            saves = tracker.take_saves(after, self.with_tokens)
             if saves is not None:
                 meta.saves.append(saves)
+                self.last_save_step[tracker.req_id] = self.step
+
+    # -- worker reports --------------------------------------------------------------------
+    def on_worker_output(self, output: KVConnectorOutput) -> None:
+        worker = output.kv_connector_worker_meta
+        if isinstance(worker, KVStackWorkerMeta):
+            self.copied_through = max(self.copied_through, worker.copied_through_step)
+        now = time.monotonic()
+        for req_id in output.finished_sending or ():
+            since = self.hold_since.pop(req_id, None)
+            if since is not None:
+                self.stats.observe("hold_seconds", now - since)
+        if output.invalid_block_ids:
+            for tracker in self.trackers.values():
+                chunks = tracker.chunks_of_blocks(output.invalid_block_ids)
+                if chunks:  # not stored after all: save them once recomputed
+                    tracker.forget_stored_from(chunks[0])
 
     def take_stats(self) -> KVStackStats | None:
         if len(self.trackers) != self._reported_tracked:

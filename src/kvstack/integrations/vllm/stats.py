@@ -27,15 +27,25 @@ COUNTERS: dict[str, str] = {
     "load_tokens": "Tokens loaded into the engine's KV cache",
     "load_bytes": "Bytes loaded into the engine's KV cache",
     "load_failed_chunks": "Chunks that failed to load (recomputed instead)",
+    "async_loads": "Loads that ran off the step while the request waited (slow tiers)",
+    "sync_loads": "Loads done within the step (every chunk in the in-memory tier)",
+    "load_timeouts": "Asynchronous loads abandoned at load_timeout_s (recomputed instead)",
     "save_chunks": "Chunks copied out of the engine into kvstack",
     "save_bytes": "Bytes copied out of the engine into kvstack",
     "save_skipped_chunks": "Chunks not copied because kvstack already held them",
+    "save_generated_chunks": "Saved chunks holding generated tokens (next turns, preemption)",
+    "held_requests": "Finished requests whose blocks waited for their copy-out to finish",
     "preempted_requests": "Requests the engine preempted (freed their KV to make room)",
     "resumed_requests": "Preempted requests the engine scheduled again",
+    "preemption_recoveries": "Resumptions of preempted requests that loaded KV from kvstack",
+    "preemption_recovered_tokens": "Tokens of preempted requests loaded instead of recomputed",
+    "recomputed_tokens": "Tokens computed again for requests that had computed them before",
 }
 HISTOGRAMS: dict[str, str] = {
     "load_seconds": "Time the engine step waited for kvstack loads",
+    "async_load_seconds": "Start to finish of asynchronous loads (off the step)",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
+    "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",
 }
 TIER_COUNTERS = (
     "hits", "misses", "bytes_read", "bytes_written",

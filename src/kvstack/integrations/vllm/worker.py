@@ -1,11 +1,21 @@
 """The worker side of the connector: the KV cache tiers, block copies, the lookup server.
 
-Per step (vLLM's model runner): ``start_load_kv`` before the forward pass loads the chunks the
-scheduler planned, straight into the engine's paged KV; chunks that cannot be loaded (evicted,
-corrupt, a tier down) are reported through ``get_block_ids_with_load_errors`` and vLLM
-recomputes them. ``wait_for_save`` after the forward pass copies newly computed full chunks out
-of the paged buffer and hands them to the cache; slow tiers write them in the background (or
-before returning, in ``sync`` save mode). Nothing is held across steps.
+Per step (vLLM's model runner)::
+
+    handle_preemptions(meta)   copy-outs of preempted requests' blocks end (they may be reused)
+    start_load_kv(meta)        asynchronous loads start (:mod:`.loads`); loads the forward pass
+                               needs are fetched and written, maybe layer by layer
+                               (:mod:`.sync_loads`)
+      wait_for_layer_load(l)   layer l's loaded blocks are written (layer pipelining)
+      save_kv_layer(l)         layer l's pages of newly completed chunks are copied out
+    wait_for_save(meta)        the rest of the copy-out (:mod:`.saves`); publishing to the tiers
+                               happens on the save thread
+    get_finished(ids)          receives that ended (done, failed or timed out); finished
+                               requests whose copy-outs are over, so vLLM frees their blocks
+    get_block_ids_with_load_errors()   blocks that did not load: vLLM recomputes them
+
+Chunks that cannot be loaded (evicted, corrupt, a tier down or too slow) are never used: their
+blocks are reported and recomputed. Nothing on the step waits for a slow tier.
 """
 
 from __future__ import annotations
@@ -18,15 +28,22 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvstack.cluster.config import IndexConfig
-from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.plan import ChunkIO
+from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
-from kvstack.integrations.vllm.lookup import LookupServer, lookup_endpoint
-from kvstack.integrations.vllm.scheduler import KVStackMetadata
+from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
+from kvstack.integrations.vllm.lookup import LookupServer, PrefixAnswer, lookup_endpoint
+from kvstack.integrations.vllm.saves import SaveQueue
+from kvstack.integrations.vllm.scheduler import KVStackMetadata, KVStackWorkerMeta
 from kvstack.integrations.vllm.stats import TIER_COUNTERS, KVStackStats
+from kvstack.integrations.vllm.streams import make_stream
+from kvstack.integrations.vllm.sync_loads import SyncLoader
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.tiers.base import Tier
+from kvstack.security import SecurityConfig, load_keys
 
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -44,39 +61,43 @@ class WorkerSide:
         kv: KVConfig,
         layout: PagedLayout,
         engine_id: str,
-        rank: int,
+        settings: ConnectorSettings,
+        modes: TransferModes,
         sync_save: bool,
-        events: bool,
         index: IndexConfig | None = None,
+        security: SecurityConfig | None = None,
     ) -> None:
-        self.layout = layout
-        self.rank = rank
+        self.layout, self.rank, self.settings, self.modes = layout, kv.tp_rank, settings, modes
         self.sync_save = sync_save
-        self.blocks_per_chunk = kv.chunk_size // layout.block_size
+        self.shape = layout.chunk_shape(kv.chunk_size // layout.block_size)
         if _on_cpu_build():
-            # The worker is bound to the cores the model computes on: tier writers, lookups
-            # and peer threads run on the others (the scheduler's), as NIXL's transfers do.
+            # The worker is bound to the cores the model computes on: tier writers, loads,
+            # lookups and peer threads run on the others (the scheduler's), as NIXL's do.
             reserve_background_cpus()
         with starting_background_threads():
-            self._start(kv, engine_id, rank, events, index)
+            self._start(kv, engine_id, index, security or SecurityConfig())
 
     def _start(
-        self, kv: KVConfig, engine_id: str, rank: int, events: bool, index: IndexConfig | None
+        self, kv: KVConfig, engine_id: str, index: IndexConfig | None, security: SecurityConfig
     ) -> None:
         # Imported here, not at module level: vLLM's API server process imports this module to
         # find the connector class, and must not register the cache's (idle) metrics there.
         from kvstack.kv.cache import KVCache
 
-        self.cache: KVCache = KVCache(kv)
+        # With a cluster secret, chunks are sealed and checked at every shared tier boundary.
+        self.cache: KVCache = KVCache(kv, keys=load_keys(security))
+        self._memory_tier = _memory_tier(self.cache)
         self._tier_totals: dict[str, dict[str, float]] = {}
         self.paged: PagedKV | None = None
         self.failed_blocks: set[int] = set()
+        self.held: set[str] = set()
+        self.step = 0
+        self._save_time = 0.0  # this step's per-layer copy-out time so far
         self.stats = KVStackStats()
-        self.events = EventCollector(kv.chunk_size) if events else None
+        self.events = EventCollector(kv.chunk_size) if self.settings.kv_events else None
         if self.events is not None:
             self.cache.add_listener(self.events.on_tier_event)
-        self._staging: list[torch.Tensor] = []
-        self.server = LookupServer(lookup_endpoint(engine_id, rank), self._contains_prefix)
+        self.server = LookupServer(lookup_endpoint(engine_id, self.rank), self._contains_prefix)
         self.cluster = None
         if index is not None:
             from kvstack.cluster.attach import attach_cluster
@@ -84,105 +105,136 @@ class WorkerSide:
             # Announces this engine's chunks to the index service and lends its tiers to peers,
             # when the index section enables either; otherwise a no-op.
             name = index.announce.instance_id or engine_id  # a configured name wins
-            self.cluster = attach_cluster(self.cache, index, instance_id=name, rank=rank)
+            self.cluster = attach_cluster(
+                self.cache, index, instance_id=name, rank=self.rank, security=security
+            )
 
-    def _contains_prefix(self, keys: Sequence[bytes]) -> int:
-        return self.cache.contains_prefix([ChunkKey(k) for k in keys])
+    def _contains_prefix(self, keys: Sequence[bytes]) -> PrefixAnswer:
+        chunk_keys = [ChunkKey(k) for k in keys]
+        found = self.cache.contains_prefix(chunk_keys)
+        if not found or self._memory_tier is None:
+            return PrefixAnswer(found, 0)
+        held = self._memory_tier.contains_many(chunk_keys[:found])
+        return PrefixAnswer(found, next((i for i, hit in enumerate(held) if not hit), found))
 
     def register(self, kv_cache_config: KVCacheConfig, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.paged = PagedKV(self.layout, kv_cache_config, kv_caches)
+        if not self.layout.restorable:
+            log.info("kvstack connector idle on this worker: %s", self.layout.unrestorable)
+            return
+        self.paged = paged = PagedKV(self.layout, kv_cache_config, kv_caches)
+        device, modes = paged.device, self.modes
+        with starting_background_threads():
+            self.loader = AsyncLoader(
+                self.cache, self.shape, self.rank, lambda: paged,
+                make_stream(device, False, "kvstack-load", follow_compute=False),
+                self.settings.load_threads, self.settings.load_timeout_s,
+            )  # fmt: skip
+            self.sync_loader = SyncLoader(
+                self.cache, self.shape, self.rank,
+                make_stream(device, modes.layer_pipelining, "kvstack-layers"),
+                modes.layer_pipelining,
+            )  # fmt: skip
+            self.saves = SaveQueue(
+                self.cache, self.shape, self.rank,
+                make_stream(device, modes.layer_pipelining or modes.copy_out_background,
+                            "kvstack-copy-out"),
+                not modes.copy_out_background, self._remember_tokens,
+            )  # fmt: skip
         log.info(
-            "kvstack connector: %d layers, %d blocks of %d tokens, %d-byte pages, tiers %s",
-            self.layout.num_layers,
-            self.paged.num_blocks,
-            self.layout.block_size,
-            self.layout.page_bytes,
-            [t.name for t in self.cache.tiers],
-        )
+            "kvstack connector: %d layers, %d blocks of %d tokens, %d-byte pages, tiers %s, "
+            "copy-out %s, layer pipelining %s",
+            self.layout.num_layers, paged.num_blocks, self.layout.block_size,
+            self.layout.page_bytes, [t.name for t in self.cache.tiers],
+            "in the background" if modes.copy_out_background else "on the step",
+            "on" if modes.layer_pipelining else "off",
+        )  # fmt: skip
 
-    # -- loads -----------------------------------------------------------------------------
-    def load(self, meta: KVStackMetadata) -> None:
-        for request in meta.loads:
+    def _remember_tokens(self, key: ChunkKey, chunk: ChunkIO, lora_name: str | None) -> None:
+        if self.events is not None and chunk.tokens is not None:
+            self.events.remember(key, ChunkInfo(chunk.tokens, chunk.parent, lora_name))
+
+    # -- the step --------------------------------------------------------------------------
+    def handle_preemptions(self, meta: KVStackMetadata) -> None:
+        if meta.preempted and self.paged is not None:
+            self.saves.wait_copies(meta.preempted)
+
+    def start_step(self, meta: KVStackMetadata) -> None:
+        self.step = meta.step
+        self.held.update(meta.held)
+        if self.paged is None:
+            return
+        self.handle_preemptions(meta)
+        for request in meta.async_loads:
+            self.loader.submit(request)
+        if meta.loads:
             start = time.perf_counter()
-            loaded = self._load_request(request)
+            result = self.sync_loader.start(self.paged, meta.loads)
+            self.failed_blocks |= result.failed_blocks
             self.stats.observe("load_seconds", time.perf_counter() - start)
-            tokens = sum(len(c.block_ids) for c in request.chunks[:loaded]) * self.layout.block_size
-            self.stats.add("load_tokens", tokens)
-            self.stats.add("load_bytes", tokens // self.layout.block_size * self._block_bytes)
+            self._count_loaded(result.loaded_blocks, result.failed_chunks)
+            for req_id in result.failed_req_ids:
+                log.warning("kvstack: chunks of request %s did not load; vLLM recomputes them",
+                            req_id)  # fmt: skip
 
-    def _load_request(self, request: RequestIO) -> int:
-        assert self.paged is not None, "register_kv_caches was not called"
-        chunks = request.chunks
-        buffers = self._staging_buffers(len(chunks))
-        keys = [ChunkKey(c.keys[self.rank]) for c in chunks]
-        loaded = self.cache.get_chunks_into(keys, buffers)
-        for chunk, buf in zip(chunks[:loaded], buffers, strict=False):
-            end = chunk.first_block + len(chunk.block_ids)
-            self.paged.scatter(chunk.block_ids, buf[:, chunk.first_block : end])
-        if loaded < len(chunks):
-            failed = chunks[loaded:]
-            self.failed_blocks.update(b for c in failed for b in c.block_ids)
-            self.stats.add("load_failed_chunks", len(failed))
-            log.warning(
-                "kvstack: %d of %d chunks of request %s could not be loaded; vLLM recomputes them",
-                len(failed),
-                len(chunks),
-                request.req_id,
-            )
-        return loaded
+    def wait_for_layer(self, layer_name: str) -> None:
+        if self.paged is not None and self.modes.layer_pipelining:
+            layer = self.paged.layer_index.get(layer_name)
+            if layer is not None:
+                self.sync_loader.wait_for_layer(layer)
 
-    def _staging_buffers(self, count: int) -> list[torch.Tensor]:
-        shape = self.layout.chunk_shape(self.blocks_per_chunk)
-        pin = self.paged is not None and self.paged.device.type == "cuda"
-        while len(self._staging) < count:
-            self._staging.append(torch.empty(shape, dtype=torch.uint8, pin_memory=pin))
-        return self._staging[:count]
+    def save_layer(self, layer_name: str, meta: KVStackMetadata) -> None:
+        if self.paged is None or not meta.saves or not self.modes.layer_pipelining:
+            return
+        layer = self.paged.layer_index.get(layer_name)
+        if layer is not None:
+            start = time.perf_counter()
+            self.saves.layer(self.paged, meta.step, meta.saves, layer)
+            self._save_time += time.perf_counter() - start
 
-    @property
-    def _block_bytes(self) -> int:
-        return self.layout.num_layers * self.layout.page_bytes
+    def end_step(self, meta: KVStackMetadata) -> None:
+        if self.paged is None:
+            return
+        self.sync_loader.finish()
+        if meta.saves:
+            start = time.perf_counter()
+            self.saves.end(self.paged, meta.step, meta.saves)
+            self.stats.observe("save_seconds", time.perf_counter() - start + self._save_time)
+            self._save_time = 0.0
+        if self.sync_save:
+            self.saves.flush()
+            self.cache.flush()
+
+    def get_finished(self) -> tuple[set[str] | None, set[str] | None]:
+        """(finished sends, finished receives) since the last call."""
+        if self.paged is None:
+            return None, None
+        loads = self.loader.take_finished()
+        self._count_async(loads)
+        sending = {req_id for req_id in self.held if not self.saves.copy_pending(req_id)}
+        self.held -= sending
+        return sending or None, loads.req_ids or None
+
+    def _count_async(self, loads: FinishedLoads) -> None:
+        self.failed_blocks |= loads.failed_blocks
+        for seconds in loads.seconds:
+            self.stats.observe("async_load_seconds", seconds)
+        self._count_loaded(loads.loaded_blocks, loads.failed_chunks)
+        self.stats.add("load_timeouts", loads.timeouts)
+
+    def _count_loaded(self, blocks: int, failed_chunks: int) -> None:
+        block_bytes = self.layout.num_layers * self.layout.page_bytes
+        self.stats.add("load_tokens", blocks * self.layout.block_size)
+        self.stats.add("load_bytes", blocks * block_bytes)
+        self.stats.add("load_failed_chunks", failed_chunks)
 
     def take_failed_blocks(self) -> set[int]:
         failed, self.failed_blocks = self.failed_blocks, set()
         return failed
 
-    # -- saves -----------------------------------------------------------------------------
-    def save(self, meta: KVStackMetadata) -> None:
-        if not meta.saves:
-            return
-        start = time.perf_counter()
-        for request in meta.saves:
-            for chunk in request.chunks:
-                self._save_chunk(chunk, request.lora_name)
-        if self.sync_save:
-            self.cache.flush()
-        self.stats.observe("save_seconds", time.perf_counter() - start)
-
-    def _save_chunk(self, chunk: ChunkIO, lora_name: str | None) -> None:
-        assert self.paged is not None, "register_kv_caches was not called"
-        key = ChunkKey(chunk.keys[self.rank])
-        if self.cache.contains_prefix([key]):
-            self.stats.add("save_skipped_chunks", 1)
-            return
-        if self.events is not None and chunk.tokens is not None:
-            self.events.remember(key, ChunkInfo(chunk.tokens, chunk.parent, lora_name))
-        shape = self.layout.chunk_shape(self.blocks_per_chunk)
-        # Gather straight into the first tier's memory when it offers it (one copy, not two).
-        target = self.cache.prepare_put(key, torch.uint8, shape)
-        if target is not None:
-            ok = False
-            try:
-                self.paged.gather(chunk.block_ids, target)
-                ok = True
-            finally:
-                stored = self.cache.complete_put(key, ok)
-        else:
-            target = self._staging_buffers(1)[0]
-            self.paged.gather(chunk.block_ids, target)
-            stored = bool(self.cache.put_chunks([key], [target]))
-        if stored:
-            self.stats.add("save_chunks", 1)
-            self.stats.add("save_bytes", target.numel())
+    def worker_meta(self) -> KVStackWorkerMeta | None:
+        if self.paged is None or not self.modes.copy_out_background:
+            return None
+        return KVStackWorkerMeta(self.saves.copied_through(self.step))
 
     # -- reporting -------------------------------------------------------------------------
     def take_events(self) -> KVStackKVEvents | None:
@@ -190,6 +242,12 @@ class WorkerSide:
 
     def take_stats(self) -> KVStackStats | None:
         self._report_tiers()
+        if self.paged is not None:
+            counts = self.saves.take_counts()
+            self.stats.add("save_chunks", counts.chunks)
+            self.stats.add("save_bytes", counts.bytes)
+            self.stats.add("save_generated_chunks", counts.generated_chunks)
+            self.stats.add("save_skipped_chunks", counts.skipped_chunks)
         if self.stats.is_empty():
             return None
         stats, self.stats = self.stats, KVStackStats()
@@ -213,10 +271,22 @@ class WorkerSide:
                     self.stats.set_gauge(f"tier:{tier.name}:{gauge}", value)
 
     def close(self) -> None:
+        if self.paged is not None:
+            self.loader.close()
+            self.sync_loader.finish()
+            self.saves.flush()
+            self.saves.close()
         if self.cluster is not None:
             self.cluster.close()
         self.server.close()
         self.cache.close()
+
+
+def _memory_tier(cache: KVCache) -> Tier | None:
+    from kvstack.kv.tiers.cpu.tier import CPUTier
+
+    first = cache.tiers[0]
+    return first if isinstance(first, CPUTier) else None
 
 
 def _on_cpu_build() -> bool:

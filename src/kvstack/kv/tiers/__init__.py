@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL, parse_tier_url
+from kvstack.kv.trust import ChunkTrust
 from kvstack.registry import Registry
 
 __all__ = ["TIERS", "Tier", "TierEvent", "TierStats", "TierURL", "make_tier", "parse_tier_url"]
 
 
 class TierFactory(Protocol):
-    def from_url(self, url: TierURL, name: str = ...) -> Tier: ...
+    def from_url(self, url: TierURL, name: str = ..., trust: ChunkTrust | None = ...) -> Tier: ...
 
 
 TIERS: Registry[TierFactory] = Registry("tier scheme")
@@ -27,8 +28,9 @@ TIERS.register("s3", "kvstack.kv.tiers.s3.tier:S3Tier")
 TIERS.register("peer", "kvstack.kv.tiers.peer.tier:PeerTier")
 
 
-def make_tier(url: str, name: str | None = None) -> Tier:
-    """Build a tier from its URL; unknown schemes and parameters raise ConfigError."""
+def make_tier(url: str, name: str | None = None, trust: ChunkTrust | None = None) -> Tier:
+    """Build a tier from its URL; unknown schemes and parameters raise ConfigError. ``trust``
+    (the cluster's chunk MAC and read bound) is shared with the caller."""
     parsed = parse_tier_url(url)
     factory = TIERS.get(parsed.scheme)
-    return factory.from_url(parsed, name=name or parsed.scheme)
+    return factory.from_url(parsed, name=name or parsed.scheme, trust=trust)

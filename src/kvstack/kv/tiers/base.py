@@ -8,6 +8,10 @@ Contract, for every implementation:
 
 - a miss is a return value (``False`` / ``None``), never an exception; a chunk that fails
   verification is a miss and is removed;
+- a tier whose chunks leave this process (disk, stores, peers) seals what it writes and checks
+  what it reads with ``self.trust`` (:class:`~kvstack.kv.trust.ChunkTrust`: the cluster's chunk
+  MAC and the largest chunk a read may allocate for); see :mod:`kvstack.kv.seal` for why the
+  in-process ``cpu://`` tier does not;
 - ``put`` may keep a reference to ``chunk`` until it is written (background I/O): callers must
   not modify it afterwards, unless the tier sets ``put_copies = True`` (it copies synchronously);
 - ``get_into`` fills a caller-provided tensor of the chunk's exact dtype and shape (it may be a
@@ -45,6 +49,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from kvstack.errors import ConfigError
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.trust import ChunkTrust
 
 if TYPE_CHECKING:
     import torch
@@ -123,8 +128,10 @@ class Tier(ABC):
     # redis, s3, peers); the router credits such hits to every backend.
     shared: ClassVar[bool] = False
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, trust: ChunkTrust | None = None) -> None:
         self.name = name
+        # How chunks are sealed on write and bounded and checked on read; shared with the cache.
+        self.trust = trust or ChunkTrust()
         self._listeners: list[Listener] = []
         self._listeners_lock = threading.Lock()
 

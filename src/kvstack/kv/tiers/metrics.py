@@ -24,6 +24,12 @@ _EVICTIONS = counter("kvstack_kv_tier_evictions_total", "Chunks evicted from the
 _CORRUPT = counter(
     "kvstack_kv_tier_corrupt_total", "Corrupt or truncated chunks detected and dropped", ["tier"]
 )
+_REJECTED = counter(
+    "kvstack_kv_chunks_rejected_total",
+    "Chunks read from a tier and refused before reaching an engine, by reason: mac (unsigned, "
+    "another secret's, or a wrong MAC), checksum, size (declared sizes beyond the layout), format",
+    ["tier", "reason"],
+)
 _DROPPED = counter(
     "kvstack_kv_tier_dropped_writes_total",
     "Writes not performed (queue full, disk full, I/O error)",
@@ -98,9 +104,11 @@ class TierMetrics:
         self.stats.evictions += 1
         self._evictions.inc()
 
-    def corrupt(self) -> None:
+    def corrupt(self, reason: str = "format") -> None:
+        """A chunk failed verification (``reason`` as in ChunkFormatError) and was dropped."""
         self.stats.corrupt += 1
         self._corrupt.inc()
+        _REJECTED.labels(self._tier, reason).inc()
 
     def dropped(self) -> None:
         self.stats.dropped_writes += 1

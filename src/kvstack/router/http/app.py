@@ -1,8 +1,10 @@
 """The router's HTTP front end: a bare ASGI application served by uvicorn.
 
-Endpoints: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (proxied, streaming or
-not), ``GET /v1/models``, ``GET /health`` (503 when no backend is usable) and ``GET /metrics``;
-with the adapter control plane and an admin key, its admin API under ``/admin/lora/``.
+Every route of vLLM's OpenAI-compatible server (:mod:`kvstack.router.http.routes`): the
+forwarded ones through :class:`~kvstack.router.http.forward.Forwarder` (streaming or not),
+``GET /v1/models``, ``GET /health`` and ``/ping`` (503 when no backend is usable) and
+``GET /metrics`` answered here; with the adapter control plane and an admin key, its admin API
+under ``/admin/lora/``. Errors are vLLM's ``ErrorResponse``.
 
 Why this HTTP stack (measured, not guessed) — on the 2-core development machine, ``wrk``
 (1 thread) driving a minimal JSON-forwarding proxy in front of the trivial upstream of
@@ -26,33 +28,27 @@ uvicorn's own ~30 µs, and ~50 µs of the router's logic (parsing, pipeline, acc
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from kvstack.errors import NoBackendError, RequestError, UpstreamError
-from kvstack.router.http.parse import parse_request
+from kvstack.errors import RequestError
+from kvstack.router.http.forward import Forwarder
 from kvstack.router.http.responses import (
     Receive,
     Scope,
     Send,
     header_dict,
-    read_body,
     send_bytes,
     send_error,
     send_json,
 )
-from kvstack.router.request import Endpoint, RoutingRequest
+from kvstack.router.http.routes import Route, match_route
 from kvstack.router.router import Router
-from kvstack.router.upstream.relay import Exchange, RetryableStatus
 
 __all__ = ["RouterApp"]
 
 log = logging.getLogger(__name__)
-CLIENT_CLOSED = 499  # nginx's convention for "the client went away"
-_watchers: set[asyncio.Task[None]] = set()  # strong references to pending watchers
 
 
 class RouterApp:
@@ -60,10 +56,15 @@ class RouterApp:
 
     def __init__(self, router: Router) -> None:
         self.router = router
-        self._limit = router.config.limits.max_request_bytes
-        self._session_header = router.config.session_header
+        self.forwarder = Forwarder(router)
         self._admin_path = router.config.adapters.admin_path + "/"
         self._admin = router.admin_app  # the adapter admin API, when there is an admin key
+        self._local = {
+            "/health": self._health,
+            "/ping": self._health,
+            "/metrics": self._metrics,
+            "/v1/models": self._models,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -73,13 +74,6 @@ class RouterApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
-        if path in ("/v1/completions", "/v1/chat/completions"):
-            if method != "POST":
-                await _method_not_allowed(send, "POST")
-                return
-            endpoint: Endpoint = "completions" if path == "/v1/completions" else "chat"
-            await self._completion(scope, receive, send, endpoint)
-            return
         if self._admin is not None and path.startswith(self._admin_path):
             prefix = self._admin_path[:-1]
             root = scope.get("root_path", "") + prefix
@@ -87,97 +81,19 @@ class RouterApp:
                 {**scope, "path": path[len(prefix) :], "root_path": root}, receive, send
             )
             return
-        handlers = {"/health": self._health, "/metrics": self._metrics, "/v1/models": self._models}
-        handler = handlers.get(path)
-        if handler is None:
-            message = f"unknown path {path}; the router serves {', '.join(sorted(handlers))}, "
-            message += "/v1/completions and /v1/chat/completions"
-            await send_error(send, RequestError(message, 404, code="not_found"))
-        elif method not in ("GET", "HEAD"):
-            await _method_not_allowed(send, "GET")
+        found = match_route(path)
+        if found is None:  # not one of vLLM's routes: forwarded by the body's model, or 404
+            await self.forwarder.serve(scope, receive, send, None)
+            return
+        route = found.route
+        if method not in route.methods and not (method == "HEAD" and "GET" in route.methods):
+            await _method_not_allowed(send, route)
+        elif route.forwarded:
+            await self.forwarder.serve(scope, receive, send, found)
+        elif route.kind == "local":
+            await self._local[route.path](scope, send)
         else:
-            await handler(scope, send)
-
-    async def _completion(
-        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
-    ) -> None:
-        arrival_s = time.perf_counter()
-        exchange = Exchange()
-        model, status = "unknown", 500
-        try:
-            request, body = await self._parse(scope, receive, endpoint, arrival_s)
-            model = request.model
-            await self._forward(request, body, receive, send, exchange)
-            status = exchange.status
-        except ConnectionResetError:
-            status = CLIENT_CLOSED
-        except RequestError as exc:
-            status = exc.status
-            await send_error(send, exc)
-        except NoBackendError as exc:
-            status = 503
-            error = RequestError(str(exc), 503, code="no_backend", kind="service_unavailable")
-            await send_error(send, error, exchange.extra_headers)
-        except RetryableStatus as exc:  # no retry left: relay the backend's own answer
-            status = exc.status
-            await send_bytes(send, exc.status, exc.body, b"application/json", exc.headers)
-        except UpstreamError as exc:
-            status = exc.status
-            error = RequestError(str(exc), exc.status, code=exc.kind, kind="upstream_error")
-            await send_error(send, error, exchange.extra_headers)
-        finally:
-            self._observe(model, status, exchange, arrival_s)
-
-    async def _parse(
-        self, scope: Scope, receive: Receive, endpoint: Endpoint, arrival_s: float
-    ) -> tuple[RoutingRequest, bytes]:
-        headers = header_dict(scope["headers"])
-        tenant = self.router.auth.tenant(headers)
-        body = await read_body(receive, self._limit, headers.get("content-length"))
-        request = parse_request(
-            endpoint,
-            body,
-            headers,
-            session_header=self._session_header,
-            tenant=tenant,
-            arrival_s=arrival_s,
-        )
-        return self.router.resolve_target(request, body)
-
-    async def _forward(
-        self, request: RoutingRequest, body: bytes, receive: Receive, send: Send, ex: Exchange
-    ) -> None:
-        """Proxy, and cancel the upstream request if the client disconnects meanwhile.
-
-        The watcher is never cancelled (cancelling a task costs ~30 µs, a third of the whole
-        request): once the response is complete uvicorn's ``receive`` returns at once, and the
-        watcher, seeing ``finished``, simply ends."""
-        task = asyncio.current_task()
-        assert task is not None
-        watcher = asyncio.create_task(_watch_disconnect(receive, task, ex))
-        _watchers.add(watcher)
-        watcher.add_done_callback(_watchers.discard)
-        try:
-            await self.router.proxy.forward(request, body, send, ex)
-        except asyncio.CancelledError:
-            if not ex.client_gone:
-                raise
-            task.uncancel()  # our own cancel: the request ends here, the server goes on
-            self.router.telemetry.disconnect()
-            ex.status = CLIENT_CLOSED
-        finally:
-            ex.finished = True
-
-    def _observe(self, model: str, status: int, ex: Exchange, arrival_s: float) -> None:
-        telemetry = self.router.telemetry
-        telemetry.request(model, ex.backend, status, time.perf_counter() - arrival_s)
-        if ex.client_first_byte_s and ex.upstream_sent_s:
-            added = (ex.upstream_sent_s - arrival_s) + (
-                ex.client_first_byte_s - ex.upstream_first_byte_s
-            )
-            telemetry.added_latency(added)
-            if ex.streamed:
-                telemetry.ttft(model, ex.client_first_byte_s - arrival_s)
+            await send_error(send, _engine_only(route, method))
 
     async def _health(self, scope: Scope, send: Send) -> None:
         ok, report = self.router.health_report()
@@ -212,14 +128,18 @@ class RouterApp:
                 return
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[object], ex: Exchange) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    if not ex.finished:
-        ex.client_gone = True
-        task.cancel()
+def _engine_only(route: Route, method: str) -> RequestError:
+    return RequestError(
+        f"{method} {route.path} acts on one engine, and the router does not choose one for "
+        "it: send it to that engine directly",
+        404,
+        code="engine_route",
+    )
 
 
-async def _method_not_allowed(send: Send, allowed: str) -> None:
-    error = RequestError(f"method not allowed; use {allowed}", 405, code="method_not_allowed")
+async def _method_not_allowed(send: Send, route: Route) -> None:
+    allowed = ", ".join(route.methods)
+    error = RequestError(
+        f"method not allowed on {route.path}; use {allowed}", 405, code="method_not_allowed"
+    )
     await send_error(send, error, [(b"allow", allowed.encode())])

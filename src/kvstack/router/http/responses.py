@@ -1,4 +1,9 @@
-"""ASGI plumbing the router needs: typed callables, headers, JSON and OpenAI-style errors."""
+"""ASGI plumbing the router needs: typed callables, headers, JSON, and errors in vLLM's shape.
+
+Every error the router makes is vLLM's ``ErrorResponse``: ``{"error": {"message", "type",
+"param", "code"}}`` with the HTTP status as the integer ``code`` and one of vLLM's ``type``
+values (``error_type``); the router's own reason goes in the ``x-kvstack-error`` header.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,16 @@ import msgspec
 from kvstack.errors import RequestError
 
 __all__ = [
+    "ERROR_HEADER",
     "HOP_BY_HOP",
+    "VLLM_ERROR_TYPES",
     "ASGIApp",
     "RawHeaders",
     "Receive",
     "Scope",
     "Send",
     "error_body",
+    "error_type",
     "header_dict",
     "read_body",
     "send_bytes",
@@ -43,6 +51,40 @@ HOP_BY_HOP = frozenset(
 )  # fmt: skip
 
 _encoder = msgspec.json.Encoder()
+ERROR_HEADER = b"x-kvstack-error"
+
+# vLLM's error types (vllm.entrypoints.serve.exception_handling): its named types where it has
+# one for the status, else the status's phrase, as its HTTPException handler writes it. Spelt
+# out rather than taken from http.HTTPStatus, whose phrases change between Python versions.
+_TYPE_BY_STATUS = {
+    400: "BadRequestError",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "NotFoundError",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    409: "Conflict",
+    413: "Request Entity Too Large",
+    415: "Unsupported Media Type",
+    422: "UnprocessableEntityError",
+    429: "Too Many Requests",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    502: "Bad Gateway",
+    503: "ServiceUnavailableError",
+    504: "Gateway Timeout",
+}
+VLLM_ERROR_TYPES = frozenset(
+    {*_TYPE_BY_STATUS.values(), "Bad Request", "Not Found", "InvalidUserInput",
+     "invalid_request_error"}
+)  # fmt: skip
+
+
+def error_type(status: int, kind: str | None = None) -> str:
+    """vLLM's ``type`` for an error: ``kind`` when it is one of vLLM's, else the status's."""
+    if kind in VLLM_ERROR_TYPES:
+        return kind
+    return _TYPE_BY_STATUS.get(status, "BadRequestError" if status < 500 else "InternalServerError")
 
 
 def header_dict(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
@@ -78,13 +120,14 @@ def _too_large(size: int, limit_bytes: int) -> RequestError:
 
 
 def error_body(error: RequestError) -> bytes:
+    """The error as vLLM's ``ErrorResponse``."""
     return _encoder.encode(
         {
             "error": {
                 "message": error.message,
-                "type": error.kind,
+                "type": error_type(error.status, error.kind),
                 "param": error.param,
-                "code": error.code,
+                "code": error.status,
             }
         }
     )
@@ -112,6 +155,8 @@ async def send_json(
 
 async def send_error(send: Send, error: RequestError, extra: RawHeaders | None = None) -> None:
     headers = list(extra or ())
+    if error.code is not None:
+        headers.append((ERROR_HEADER, error.code.encode("latin-1", "replace")))
     if error.retry_after_s is not None:
         headers.append((b"retry-after", b"%d" % max(1, math.ceil(error.retry_after_s))))
     await send_bytes(send, error.status, error_body(error), extra=headers)

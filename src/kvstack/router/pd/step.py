@@ -38,6 +38,8 @@ from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.upstream.pool import Deadline
 from kvstack.router.upstream.relay import Relay
 
+PD_ENDPOINTS = frozenset({"completions", "chat"})
+
 __all__ = ["PrefillStep", "prefill_body"]
 
 PREFILLS = counter(
@@ -65,6 +67,8 @@ class PrefillStep:
     async def before_attempt(self, request: RoutingRequest, attempt: Attempt) -> None:
         """Prefill remotely if it pays; never raises for a failed prefill."""
         if attempt.number > 1 or request.target not in self.models:
+            return
+        if request.endpoint not in PD_ENDPOINTS:  # the prefill body speaks their fields only
             return
         outcome = await self.run(request, attempt)
         PREFILLS.labels(outcome.outcome.partition(":")[0]).inc()

@@ -1,13 +1,17 @@
-"""``SharedTierLookup``: kvstack tiers (local and shared) per backend, from the index server.
+"""``SharedTierLookup``: kvstack tiers (local and shared) per backend, from the cluster index.
 
-One lookup per request (msgpack, tokens as uint32 bytes; over ZMQ when ``index_url`` is
-``zmq://``, else HTTP) answers, for every engine that announces its kvstack tiers, the prefix
-length per tier, and per shared store (Redis, S3, a shared directory) the prefix length held
-there. A shared store is readable by every engine that runs kvstack's connector, so its
-prefix counts for every backend (``shared_for_all``), at that store's lower credit. An engine
-announces an instance id; the backend it is: the one whose name, URL or
-``kvstack.io/index-instance`` label equals it. A slow or failing index costs the request its
-tier credit, never the request: the lookup is bounded by ``index_timeout_s``.
+One lookup per request (the index server: msgpack, tokens as uint32 bytes, over ZMQ when
+``index_url`` is ``zmq://``, else HTTP; Valkey, when it is ``redis://`` or ``rediss://``: one
+pipelined round trip, :mod:`kvstack.index.valkey`) answers, for every engine that announces
+its kvstack tiers, the prefix length per tier, and per shared store (Redis, S3, a shared
+directory) the prefix length held there. A shared store is readable by every engine that
+runs kvstack's connector, so its prefix counts for every backend (``shared_for_all``), at that
+store's lower credit. An engine announces an instance id; the backend it is: the one whose
+name, URL or ``kvstack.io/index-instance`` label equals it. A slow or failing index costs the
+request its tier credit, never the request: the lookup is bounded by ``index_timeout_s``. With
+the cluster secret (the ``security`` section, ``KVSTACK_SECURITY_CLUSTER_SECRET_FILE``) lookups
+to the index server authenticate; an index server that has the secret answers nothing else.
+Valkey authenticates with its ACL password and TLS instead.
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import httpx
 import msgspec
 
 from kvstack.errors import IndexServiceError
-from kvstack.index.client import AsyncIndexClient, lookup_request
+from kvstack.index.backend import AsyncIndexBackend, open_async_index
+from kvstack.index.client import lookup_request
 from kvstack.index.protocol import LookupReply
 from kvstack.log import IncidentLogger
 from kvstack.metrics import counter
 from kvstack.router.fleet.backends import BackendView
 from kvstack.router.scheduling.config import PrefixConfig
 from kvstack.router.scheduling.tokenizers import PromptTokens
+from kvstack.security import ClusterKeys, load_security
 
 __all__ = ["INSTANCE_LABEL", "SharedTierLookup", "tier_kind", "tiers_by_backend"]
 
@@ -72,13 +78,17 @@ def tiers_by_backend(
 
 
 class SharedTierLookup:
-    def __init__(self, config: PrefixConfig) -> None:
+    def __init__(self, config: PrefixConfig, keys: ClusterKeys | None = None) -> None:
         self.config = config
-        self._client: AsyncIndexClient | None = None
+        self._keys = keys
+        self._client: AsyncIndexBackend | None = None
 
     async def start(self) -> None:
         if self.config.index_url:
-            self._client = AsyncIndexClient(self.config.index_url, self.config.index_timeout_s)
+            keys = self._keys if self._keys is not None else load_security()[1]
+            self._client = open_async_index(
+                self.config.index_url, self.config.index_timeout_s, keys
+            )
 
     async def close(self) -> None:
         if self._client is not None:

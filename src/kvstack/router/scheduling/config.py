@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from kvstack.index.config import RadixConfig
-from kvstack.index.urls import check_index_url
+from kvstack.index.urls import check_index_url, redact_url
 from kvstack.section import Section
 
 __all__ = [
@@ -94,11 +94,24 @@ class PrefixConfig(Section):
     )
     index_url: str | None = Field(
         default=None,
-        description="kvstack index server (shared and local kvstack tiers), "
-        "http://host:port or zmq://host:port (its zmq_port, lower latency); None: not used",
+        description="the cluster KV index (shared and local kvstack tiers): the index server "
+        "at http://host:port or zmq://host:port (its zmq_port, lower latency), or Valkey at "
+        "redis://host:port or rediss://host:port (?cluster=true, ?sentinel=NAME); None: not used",
     )
     index_timeout_s: float = Field(
         default=0.05, gt=0, description="a slower index lookup is skipped (no tier credit)"
+    )
+    share_url: str | None = Field(
+        default=None,
+        description="Valkey (redis:// or rediss://) where router replicas share what each "
+        "routed: in-flight requests per engine and their prompts; None: each replica knows "
+        "only its own",
+    )
+    share_channel: str = Field(
+        default="kvstack:router", min_length=1, description="pub/sub channel of one fleet"
+    )
+    share_timeout_s: float = Field(
+        default=300.0, gt=0, description="drop another replica's request unfinished this long"
     )
     shared_for_all: bool = Field(
         default=True,
@@ -115,6 +128,13 @@ class PrefixConfig(Section):
     @classmethod
     def _index_url(cls, value: str | None) -> str | None:
         return check_index_url(value) if value else value
+
+    @field_validator("share_url")
+    @classmethod
+    def _share_url(cls, value: str | None) -> str | None:
+        if value and not value.startswith(("redis://", "rediss://")):
+            raise ValueError(f"share_url must be redis:// or rediss://, got {redact_url(value)!r}")
+        return value
 
     @field_validator("tier_weights")
     @classmethod

@@ -61,6 +61,13 @@ class RoutingScheduler:
     def decide(self, request: RoutingRequest, exclude: Collection[str] = ()) -> RoutingDecision:
         """The backend that answers the next attempt; NoBackendError says why there is none."""
         candidates = eligible_backends(self.pool.states(), request.target, exclude)
+        if request.pinned_backend is not None:  # it holds the request's state (a response)
+            candidates = [s for s in candidates if s.id == request.pinned_backend]
+            if not candidates:
+                raise NoBackendError(
+                    f"backend {request.pinned_backend!r}, which holds this request's state, "
+                    "cannot take it now"
+                )
         if request.target in self.decode_models:
             candidates = [s for s in candidates if s.backend.role in DECODE_ROLES]
             if not candidates:

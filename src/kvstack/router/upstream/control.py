@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from pydantic import SecretStr
 
 from kvstack.errors import UpstreamError
 
@@ -41,8 +42,11 @@ def _upstream_error(exc: BaseException, backend: str) -> UpstreamError:
 class ControlClient:
     """A keep-alive connection pool to every backend; start() before use, close() after."""
 
-    def __init__(self) -> None:
+    def __init__(self, api_key: SecretStr | None = None) -> None:
         self._client: httpx.AsyncClient | None = None
+        self._headers = dict(_HEADERS)
+        if api_key is not None:  # vLLM's API key guards /v1/models too
+            self._headers["authorization"] = f"Bearer {api_key.get_secret_value()}"
 
     async def start(self) -> None:
         if self._client is None:
@@ -52,7 +56,7 @@ class ControlClient:
                 keepalive_expiry=KEEPALIVE_EXPIRY_S,
             )
             self._client = httpx.AsyncClient(
-                limits=limits, headers=_HEADERS, follow_redirects=False, timeout=None
+                limits=limits, headers=self._headers, follow_redirects=False, timeout=None
             )
 
     async def close(self) -> None:

@@ -27,10 +27,12 @@ __all__ = ["Deadline", "UpstreamPool", "build_request", "host_header"]
 _MAX_IDLE_PER_BACKEND = 512
 
 
-def build_request(path: str, host: str, headers: Mapping[str, str], body: bytes) -> bytes:
-    """An HTTP/1.1 POST. Header values come from the client's parsed request (the front end's
-    parser rejects CR/LF in them) or from the router itself."""
-    lines = [f"POST {path} HTTP/1.1", f"host: {host}", f"content-length: {len(body)}"]
+def build_request(
+    path: str, host: str, headers: Mapping[str, str], body: bytes, method: str = "POST"
+) -> bytes:
+    """An HTTP/1.1 request (POST unless told). Header values come from the client's parsed
+    request (the front end's parser rejects CR/LF in them) or from the router itself."""
+    lines = [f"{method} {path} HTTP/1.1", f"host: {host}", f"content-length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from kvstack.errors import UpstreamError
-from kvstack.router.http.responses import HOP_BY_HOP, RawHeaders, Send
+from kvstack.router.http.responses import HOP_BY_HOP, RawHeaders, Send, error_type
 from kvstack.router.upstream.connection import ConnectionLostError, UpstreamConnection
 from kvstack.router.upstream.pool import Deadline, UpstreamPool, build_request, host_header
 
@@ -61,8 +61,10 @@ class RetryableStatus(UpstreamError):
         self.headers = headers
 
 
-def sse_error_event(message: str, kind: str = "upstream_error") -> bytes:
-    error = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+def sse_error_event(message: str, status: int = 502) -> bytes:
+    """A stream's last event when the backend failed after the commit: vLLM's error shape."""
+    error = {"error": {"message": message, "type": error_type(status), "param": None,
+                       "code": status}}  # fmt: skip
     return b"data: " + msgspec.json.encode(error) + b"\n\n"
 
 
@@ -97,10 +99,11 @@ class Relay:
         backend: str,
         stream: bool,
         total: Deadline,
+        method: str = "POST",
     ) -> Opened:
         """Send and wait for the first body byte (all of it unless streaming); may raise
         UpstreamError (RetryableStatus for a 5xx): nothing has reached the client then."""
-        raw = build_request(path, host_header(base_url), headers, body)
+        raw = build_request(path, host_header(base_url), headers, body, method)
         first_byte = Deadline(self._first_byte_s, "first-byte")
         conn: UpstreamConnection | None = None
         try:

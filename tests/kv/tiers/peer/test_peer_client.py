@@ -21,6 +21,7 @@ def test_a_connection_in_use_at_close_is_closed_when_its_call_ends() -> None:
         conn, _ = listener.accept()
         with conn:
             conn.settimeout(5)
+            conn.sendall(protocol.pack_hello(protocol.OK, protocol.AUTH_NONE, bytes(16)))
             request = conn.recv(protocol.REQUEST.size + 16 * len(KEYS), socket.MSG_WAITALL)
             assert protocol.parse_request(request[: protocol.REQUEST.size]).num_keys == 3
             client.close()  # while the lookup waits for its answer

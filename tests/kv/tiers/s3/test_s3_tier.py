@@ -12,6 +12,7 @@ import torch
 
 from kvstack.errors import ConfigError
 from kvstack.kv import KVCache
+from kvstack.kv.format import HEADER_BYTES
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from kvstack.kv.tiers import TierEvent, make_tier
 from kvstack.kv.tiers.s3.tier import S3Tier
@@ -68,7 +69,7 @@ def test_large_chunk_multipart_and_ranged_reads(s3_url: str, moto_server: MotoS3
         client: Any = moto_server.client()
         bucket = tier.options.bucket
         obj = client.head_object(Bucket=bucket, Key=f"kv/{k.hex()}")
-        assert obj["ContentLength"] == big.numel() * 2 + 96
+        assert obj["ContentLength"] == big.numel() * 2 + HEADER_BYTES
         assert "-" in obj["ETag"]  # a multipart upload's ETag
         reader = s3_tier(url)
         out = torch.empty_like(big)

@@ -33,6 +33,7 @@ from kvstack.kv.tensors import torch
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
 from kvstack.kv.tiers.cpu.arena import Arena, extent_bytes
 from kvstack.kv.tiers.metrics import TierMetrics
+from kvstack.kv.trust import ChunkTrust
 from kvstack.section import parse_size
 
 __all__ = ["CPUTier"]
@@ -79,12 +80,16 @@ class CPUTier(Tier):
         self._metrics = TierMetrics(name, self._gauges)
 
     @classmethod
-    def from_url(cls, url: TierURL, name: str = "cpu") -> CPUTier:
+    def from_url(cls, url: TierURL, name: str = "cpu", trust: ChunkTrust | None = None) -> CPUTier:
+        """``trust`` is kept for the peer server, which seals what it lends from this tier;
+        reads of this process's own memory are not checked (see :mod:`kvstack.kv.seal`)."""
         size = parse_size(url.pop("size", DEFAULT_SIZE) or DEFAULT_SIZE, "cpu tier size")
         policy = url.pop("policy", "lru") or "lru"
         pin = (url.pop("pin_memory", "false") or "false").lower() in ("1", "true", "yes")
         url.reject_unknown()
-        return cls(size, policy=policy, pin_memory=pin, name=name)
+        tier = cls(size, policy=policy, pin_memory=pin, name=name)
+        tier.trust = trust or tier.trust
+        return tier
 
     # -- reads -----------------------------------------------------------------------------
     def contains(self, key: ChunkKey) -> bool:

@@ -2,10 +2,11 @@
 
 A chunk lives in ``<root>/<first two hex digits of the key>/<key hex>.kvc`` in the format of
 :mod:`kvstack.kv.format`. Writers fill ``<root>/.tmp/<key hex>.<pid>.<random>.tmp`` (payload
-first, hashed as it goes, then the header) and rename it into place (after ``fsync`` if asked),
-so no reader and no crash ever sees a partial file under a final name. Readers check the
-header, the file size and the payload checksum before they return True; a mismatch raises
-:class:`~kvstack.errors.ChunkFormatError`.
+first, hashed — and with a cluster secret MAC'd — as it goes, then the header) and rename it
+into place (after ``fsync`` if asked), so no reader and no crash ever sees a partial file under
+a final name. Readers check the header, its declared sizes, the file size and the payload
+checksum — with a secret, the MAC, in the same pass — before they return; a mismatch raises
+:class:`~kvstack.errors.ChunkFormatError` (:class:`~kvstack.errors.ChunkMACError`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,17 @@ from typing import NamedTuple
 import xxhash
 
 from kvstack.errors import ChunkFormatError
-from kvstack.kv.format import HEADER_BYTES, ChunkHeader, decompress, parse_header
+from kvstack.kv.format import (
+    HEADER_BYTES,
+    MAX_CHUNK_BYTES,
+    SIGNED_BYTES,
+    ChunkHeader,
+    decompress,
+    parse_header,
+    with_tag,
+)
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
+from kvstack.kv.seal import ChunkSealer, MacState, SealFields
 from kvstack.procs import pid_alive
 
 __all__ = [
@@ -63,26 +73,35 @@ def temp_path(root: Path, key: ChunkKey) -> Path:
     return root / TMP_DIR / f"{key.hex()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
 
 
+HeaderFor = Callable[[int, SealFields | None], bytes]  # (checksum, seal) -> header bytes
+
+
 def write_chunk_file(
     final: Path,
     tmp: Path,
     payload: memoryview | bytes,
-    header_for: Callable[[int], bytes],
+    header_for: HeaderFor,
     *,
     fsync: bool,
+    sealer: ChunkSealer | None = None,
+    key: ChunkKey | None = None,
 ) -> None:
-    """Write ``header_for(checksum) + payload`` to ``tmp`` and rename it to ``final``.
+    """Write ``header_for(checksum, seal) + payload`` to ``tmp`` and rename it to ``final``.
 
-    The payload is hashed block by block as it is written (one pass over memory); the header,
-    which carries the checksum, goes in last. Raises OSError; the temporary file is removed on
-    any failure."""
+    The payload is hashed (and, with ``sealer``, MAC'd for chunk ``key``) block by block as it
+    is written (one pass over memory); the header, which carries the checksum and the tag, goes
+    in last. Raises OSError; the temporary file is removed on any failure."""
     try:
         final.parent.mkdir(exist_ok=True)
+        fields, mac = (None, None) if sealer is None else sealer.begin_seal(key or b"")
         with open(tmp, "wb", buffering=0) as f:
             f.seek(HEADER_BYTES)
-            checksum = _write_and_hash(f, memoryview(payload).cast("B"))
+            checksum = _write_and_hash(f, memoryview(payload).cast("B"), mac)
+            header = header_for(checksum, fields)
+            if mac is not None:
+                header = with_tag(header, mac.tag(header[:SIGNED_BYTES]))
             f.seek(0)
-            _write_all(f, header_for(checksum))
+            _write_all(f, header)
             if fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, final)
@@ -94,18 +113,23 @@ def write_chunk_file(
         raise
 
 
-def _write_and_hash(f: io.RawIOBase, data: memoryview) -> int:
+def _write_and_hash(f: io.RawIOBase, data: memoryview, mac: MacState | None) -> int:
     hasher = xxhash.xxh3_64()
     for start in range(0, len(data), IO_BLOCK_BYTES):
         block = data[start : start + IO_BLOCK_BYTES]
         hasher.update(block)
+        if mac is not None:
+            mac.update(block)
         _write_all(f, block)
     return hasher.intdigest()
 
 
-def read_header(f: io.RawIOBase, key: ChunkKey) -> ChunkHeader:
-    """Read and verify the header, and that the file holds exactly header + payload."""
-    header = parse_header(f.read(HEADER_BYTES) or b"", expect_key=key)
+def read_header(
+    f: io.RawIOBase, key: ChunkKey, max_raw_bytes: int = MAX_CHUNK_BYTES
+) -> ChunkHeader:
+    """Read and verify the header (declared sizes within ``max_raw_bytes``), and that the file
+    holds exactly header + payload."""
+    header = parse_header(f.read(HEADER_BYTES) or b"", expect_key=key, max_raw_bytes=max_raw_bytes)
     size = os.fstat(f.fileno()).st_size
     if size != HEADER_BYTES + header.stored_bytes:
         raise ChunkFormatError(
@@ -116,22 +140,28 @@ def read_header(f: io.RawIOBase, key: ChunkKey) -> ChunkHeader:
     return header
 
 
-def read_payload_into(f: io.RawIOBase, header: ChunkHeader, raw: memoryview) -> None:
+def read_payload_into(
+    f: io.RawIOBase, header: ChunkHeader, raw: memoryview, sealer: ChunkSealer | None = None
+) -> None:
     """Read the payload after the header into ``raw`` (exactly ``header.raw_bytes`` long),
-    verifying its checksum (and decompressing); raises ChunkFormatError."""
+    verifying its checksum — with ``sealer``, its MAC instead, which covers the checksum too —
+    and decompressing; raises ChunkFormatError (ChunkMACError)."""
     if len(raw) != header.raw_bytes:
         raise ChunkFormatError(f"payload is {header.raw_bytes} bytes, expected {len(raw)}")
-    if header.compression == "none":
-        if _read_and_hash(f, raw) != header.checksum:
-            raise ChunkFormatError("payload checksum mismatch")
-        return
-    stored = bytearray(header.stored_bytes)
-    if _read_and_hash(f, memoryview(stored)) != header.checksum:
-        raise ChunkFormatError("compressed payload checksum mismatch")
-    raw[:] = decompress(stored, header.compression, header.raw_bytes)
+    mac = None if sealer is None else sealer.begin_check(header)  # an unsigned chunk: at once
+    stored = raw if header.compression == "none" else memoryview(bytearray(header.stored_bytes))
+    checksum = _read_and_hash(f, stored, mac)
+    if sealer is not None and mac is not None:
+        sealer.finish_check(mac, header)
+    elif checksum != header.checksum:
+        raise ChunkFormatError("payload checksum mismatch", reason="checksum")
+    if header.compression != "none":
+        raw[:] = decompress(stored, header.compression, header.raw_bytes)
 
 
-def _read_and_hash(f: io.RawIOBase, buf: memoryview) -> int:
+def _read_and_hash(f: io.RawIOBase, buf: memoryview, mac: MacState | None) -> int:
+    """Read ``buf`` in blocks, feeding each to the MAC when there is one, else to XXH3 (the
+    MAC covers the header's checksum; hashing both would be a second pass for nothing)."""
     hasher = xxhash.xxh3_64()
     size = len(buf)
     for start in range(0, size, IO_BLOCK_BYTES):
@@ -141,14 +171,20 @@ def _read_and_hash(f: io.RawIOBase, buf: memoryview) -> int:
             n += _read_exact_into(f, block[n:])
             if n < len(block):
                 raise ChunkFormatError(f"truncated payload: {start + n} of {size} bytes")
-        hasher.update(block)
+        if mac is not None:
+            mac.update(block)
+        else:
+            hasher.update(block)
     return hasher.intdigest()
 
 
-def check_chunk_file(path: str, key: ChunkKey) -> int:
-    """The size of a chunk file whose header and length are right; raises ChunkFormatError."""
+def check_chunk_file(path: str, key: ChunkKey, sealer: ChunkSealer | None = None) -> int:
+    """The size of a chunk file whose header and length are right — and, with ``sealer``,
+    whose header is signed by a key this cluster holds; raises ChunkFormatError."""
     with open(path, "rb", buffering=0) as f:
-        read_header(f, key)
+        header = read_header(f, key)
+        if sealer is not None:
+            sealer.begin_check(header)  # unsigned, or another secret's: ChunkMACError
         return os.fstat(f.fileno()).st_size
 
 

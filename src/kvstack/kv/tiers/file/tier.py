@@ -30,6 +30,7 @@ from pathlib import Path
 from kvstack.errors import ChunkFormatError, ConfigError
 from kvstack.kv.format import DTYPES, HEADER_BYTES, compress, encode_header
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.seal import SealFields
 from kvstack.kv.tensors import byte_view, dtype_name, torch, torch_dtype
 from kvstack.kv.tiers.base import Tier, TierEvent, TierStats, TierURL
 from kvstack.kv.tiers.file import chunkfile
@@ -37,6 +38,7 @@ from kvstack.kv.tiers.file.file_index import FileIndex
 from kvstack.kv.tiers.file.file_url import check_file_options, parse_file_url
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.writer import BackgroundWriter, CancelOutcome, WriteJob
+from kvstack.kv.trust import ChunkTrust
 from kvstack.log import IncidentLogger
 
 __all__ = ["FileTier"]
@@ -59,8 +61,9 @@ class FileTier(Tier):
         level: int = 1,
         policy: str = "lru",
         name: str = "file",
+        trust: ChunkTrust | None = None,
     ) -> None:
-        super().__init__(name)
+        super().__init__(name, trust)
         check_file_options(capacity_bytes, queue_depth, queue_bytes, compression)
         self.root = Path(root)
         self._root = str(self.root)
@@ -87,12 +90,14 @@ class FileTier(Tier):
         )
 
     @classmethod
-    def from_url(cls, url: TierURL, name: str = "file") -> FileTier:
+    def from_url(
+        cls, url: TierURL, name: str = "file", trust: ChunkTrust | None = None
+    ) -> FileTier:
         o = parse_file_url(url)
         return cls(
             o.root, o.capacity_bytes, fsync=o.fsync, queue_depth=o.queue_depth,
             queue_bytes=o.queue_bytes, compression=o.compression, level=o.level, policy=o.policy,
-            name=name,
+            name=name, trust=trust,
         )  # fmt: skip
 
     def _path(self, key: ChunkKey) -> str:
@@ -132,9 +137,9 @@ class FileTier(Tier):
             return None
         try:
             with open(self._path(key), "rb", buffering=0) as f:
-                header = chunkfile.read_header(f, key)
+                header = chunkfile.read_header(f, key, self.trust.max_chunk_bytes)
                 out = torch.empty(header.shape, dtype=torch_dtype(header.dtype))
-                chunkfile.read_payload_into(f, header, byte_view(out))
+                chunkfile.read_payload_into(f, header, byte_view(out), self.trust.sealer)
         except (OSError, ChunkFormatError) as exc:
             self._read_failed(key, exc)
             return None
@@ -157,12 +162,12 @@ class FileTier(Tier):
         direct = out.is_contiguous() and out.device.type == "cpu"
         try:
             with open(self._path(key), "rb", buffering=0) as f:
-                header = chunkfile.read_header(f, key)
+                header = chunkfile.read_header(f, key, self.trust.max_chunk_bytes)
                 if header.dtype != dtype_name(out.dtype) or header.shape != tuple(out.shape):
                     self._metrics.miss()  # another layout under the same key: not ours
                     return False
                 target = out if direct else torch.empty(out.shape, dtype=out.dtype)
-                chunkfile.read_payload_into(f, header, byte_view(target))
+                chunkfile.read_payload_into(f, header, byte_view(target), self.trust.sealer)
         except (OSError, ChunkFormatError) as exc:
             self._read_failed(key, exc)
             return False
@@ -188,11 +193,12 @@ class FileTier(Tier):
                 "read", "file tier %s: reading chunk %s failed: %s", self.name, key.hex(), exc
             )
 
-    def _drop_corrupt(self, key: ChunkKey, exc: Exception) -> None:
+    def _drop_corrupt(self, key: ChunkKey, exc: ChunkFormatError) -> None:
         self._incidents.warning(
-            "corrupt", "file tier %s: dropping corrupt chunk %s: %s", self.name, key.hex(), exc
-        )
-        self._metrics.corrupt()
+            exc.reason, "file tier %s: dropping chunk %s (%s): %s",
+            self.name, key.hex(), exc.reason, exc,
+        )  # fmt: skip
+        self._metrics.corrupt(exc.reason)
         _unlink(self._path(key))
         if self._index.forget(key):
             self._emit(TierEvent("removed", self.name, key, reason="corrupt"))
@@ -230,13 +236,17 @@ class FileTier(Tier):
             return
         dtype, shape = dtype_name(chunk.dtype), tuple(chunk.shape)
 
-        def header_for(checksum: int) -> bytes:
-            return encode_header(key, dtype, shape, stored, len(raw), self.compression, checksum)
+        def header_for(checksum: int, seal: SealFields | None) -> bytes:
+            return encode_header(
+                key, dtype, shape, stored, len(raw), self.compression, checksum, seal
+            )
 
         tmp = chunkfile.temp_path(self.root, key)
         try:
             final = Path(self._path(key))
-            chunkfile.write_chunk_file(final, tmp, stored, header_for, fsync=self.fsync)
+            chunkfile.write_chunk_file(
+                final, tmp, stored, header_for, fsync=self.fsync, sealer=self.trust.sealer, key=key
+            )
         except OSError as exc:
             self._write_failed(size, exc)
             return
@@ -297,7 +307,7 @@ class FileTier(Tier):
         for chunk in found:
             path = self._path(chunk.key)
             try:
-                size = chunkfile.check_chunk_file(path, chunk.key)
+                size = chunkfile.check_chunk_file(path, chunk.key, self.trust.sealer)
             except ChunkFormatError as exc:
                 self._drop_corrupt(chunk.key, exc)
                 continue

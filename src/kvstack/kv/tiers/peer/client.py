@@ -1,6 +1,9 @@
 """PeerClient: batched lookup and get against one engine's peer server (blocking; the server is
 :class:`kvstack.cluster.peer_server.PeerServer`).
 
+Each connection starts with the handshake of :mod:`kvstack.kv.tiers.peer.protocol`: with a
+cluster secret, both sides prove they hold it before any LOOKUP or GET.
+
 Payloads are received with ``recv_into`` straight into the caller's tensors and verified
 against the header's checksum before they count as hits. A damaged payload is a miss on an
 intact connection; a damaged header (its lengths cannot be trusted) or any socket error raises,
@@ -12,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import socket
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from typing import TYPE_CHECKING
 
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.keys import ChunkKey
@@ -32,6 +37,10 @@ from kvstack.kv.tiers.remote.codec import (
     tensor_for,
 )
 from kvstack.kv.tiers.remote.pool import SocketPool
+from kvstack.kv.trust import ChunkTrust
+
+if TYPE_CHECKING:
+    from kvstack.security import ClusterKeys
 
 __all__ = ["PeerClient", "parse_address"]
 
@@ -44,10 +53,47 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 class _Connection:
-    def __init__(self, address: tuple[str, int], connect_timeout_s: float, timeout_s: float):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        connect_timeout_s: float,
+        timeout_s: float,
+        keys: ClusterKeys | None = None,
+    ):
         self._sock = socket.create_connection(address, timeout=connect_timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._sock.settimeout(timeout_s)
+        try:
+            self._handshake(f"{address[0]}:{address[1]}", keys)
+        except BaseException:
+            self.close()
+            raise
+
+    def _handshake(self, peer: str, keys: ClusterKeys | None) -> None:
+        """The connect-time handshake (see :mod:`kvstack.kv.tiers.peer.protocol`)."""
+        hello = p.parse_hello(self.recv(p.HELLO.size))
+        if hello.status != p.OK:
+            reason = self.recv(min(hello.message_bytes, 4096)).decode("utf-8", "replace")
+            raise p.ProtocolError(f"peer {peer} refused the connection: {reason}")
+        if hello.auth == p.AUTH_NONE:
+            if keys is not None:
+                raise p.ProtocolError(
+                    f"peer {peer} does not authenticate (it has no cluster secret): not used"
+                )
+            return
+        if keys is None:
+            raise p.ProtocolError(
+                f"peer {peer} requires the cluster secret; set security.cluster_secret_file"
+            )
+        nonce = os.urandom(p.NONCE_BYTES)
+        proof = p.prove(keys, b"client", hello.nonce, nonce)
+        self.send(p.AUTH.pack(p.AUTH_MAGIC, nonce, proof))
+        magic, status, length, server_proof = p.WELCOME.unpack(self.recv(p.WELCOME.size))
+        if magic != p.WELCOME_MAGIC or status != p.OK:
+            reason = self.recv(min(length, 4096)).decode("utf-8", "replace")
+            raise p.ProtocolError(f"peer {peer} refused this engine's credentials: {reason}")
+        if not p.check_proof(keys, b"server", server_proof, hello.nonce, nonce):
+            raise p.ProtocolError(f"peer {peer} failed to prove it holds the cluster secret")
 
     def send(self, data: bytes) -> None:
         self._sock.sendall(data)
@@ -84,12 +130,16 @@ class PeerClient:
         connect_timeout_s: float = 0.5,
         timeout_s: float = 2.0,
         max_idle: int = 4,
+        trust: ChunkTrust | None = None,
     ) -> None:
         self.address = address
         self._target = parse_address(address)
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
-        connect = functools.partial(_Connection, self._target, connect_timeout_s, timeout_s)
+        self.trust = trust or ChunkTrust()  # the MAC checks, and the keys of the handshake
+        connect = functools.partial(
+            _Connection, self._target, connect_timeout_s, timeout_s, self.trust.keys
+        )
         self._pool = SocketPool(connect, max_idle)
 
     def lookup(self, keys: Sequence[ChunkKey]) -> list[bool]:
@@ -131,16 +181,18 @@ class PeerClient:
         if not conn.recv(1)[0]:
             return ReadResult("miss")
         try:
-            header = check_header(conn.recv(HEADER_BYTES), key)
-        except ChunkFormatError as exc:
-            raise p.ProtocolError(f"peer {self.address} sent a bad chunk header: {exc}") from None
+            header = check_header(conn.recv(HEADER_BYTES), key, self.trust)
+        except ChunkFormatError as exc:  # its lengths cannot be trusted: drop the connection
+            raise p.PeerHeaderError(
+                f"peer {self.address} sent a bad chunk header: {exc}", exc.reason
+            ) from None
         tensor = tensor_for(header) if out is None else out
         if not fits(header, tensor):
             conn.skip(header.stored_bytes)
             return ReadResult("mismatch")
         target = payload_target(header, tensor)
         conn.recv_into(target.view)
-        return finish_later(verifier, header, target, tensor)
+        return finish_later(verifier, header, target, tensor, self.trust)
 
     def close(self) -> None:
         """Close idle connections now, and each one in use when its call ends."""

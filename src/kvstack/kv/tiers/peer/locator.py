@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kvstack.errors import MissingExtraError
 from kvstack.kv.keys import ChunkKey
 from kvstack.registry import Registry
+
+if TYPE_CHECKING:
+    from kvstack.security import ClusterKeys
 
 __all__ = ["LOCATORS", "PeerLocator", "default_instance_id", "make_locator"]
 
@@ -31,15 +34,17 @@ class PeerLocator(Protocol):
 
 
 class LocatorFactory(Protocol):
-    def __call__(self, url: str, timeout_s: float) -> PeerLocator: ...
+    def __call__(self, url: str, timeout_s: float, keys: ClusterKeys | None) -> PeerLocator: ...
 
 
 LOCATORS: Registry[LocatorFactory] = Registry("peer locator")
 LOCATORS.register("index", "kvstack.cluster.locator:IndexLocator")
 
 
-def make_locator(kind: str, url: str, timeout_s: float) -> PeerLocator:
-    """The locator registered as ``kind``, asking ``url``."""
+def make_locator(
+    kind: str, url: str, timeout_s: float, keys: ClusterKeys | None = None
+) -> PeerLocator:
+    """The locator registered as ``kind``, asking ``url`` (authenticated with ``keys``)."""
     try:
         factory = LOCATORS.get(kind)
     except ImportError as exc:
@@ -48,7 +53,7 @@ def make_locator(kind: str, url: str, timeout_s: float) -> PeerLocator:
         raise MissingExtraError(
             f"peer://?{kind}=... needs {exc.name!r}; install it with: pip install 'kvstack[server]'"
         ) from exc
-    return factory(url, timeout_s)
+    return factory(url, timeout_s, keys)
 
 
 def default_instance_id() -> str:

@@ -34,9 +34,11 @@ from kvstack.kv.tiers.base import Tier, TierStats, TierURL
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.peer.client import PeerClient, parse_address
 from kvstack.kv.tiers.peer.locator import PeerLocator, default_instance_id, make_locator
+from kvstack.kv.tiers.peer.protocol import PeerHeaderError
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.remote.codec import ReadResult
 from kvstack.kv.tiers.remote.options import pop_float, pop_int
+from kvstack.kv.trust import ChunkTrust
 from kvstack.log import IncidentLogger
 
 __all__ = ["PeerTier"]
@@ -62,8 +64,9 @@ class PeerTier(Tier):
         breaker_failures: int = 3,
         breaker_reset_s: float = 5.0,
         name: str = "peer",
+        trust: ChunkTrust | None = None,
     ) -> None:
-        super().__init__(name)
+        super().__init__(name, trust)
         if not index_url and not peers:
             raise ConfigError("peer tier needs index=URL or a list of peers (peer://h:p,h:p)")
         for address in peers:
@@ -73,7 +76,9 @@ class PeerTier(Tier):
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.locate_ttl_s = locate_ttl_s
         self._breaker_args = (breaker_failures, breaker_reset_s)
-        self._locator = make_locator("index", index_url, timeout_s) if index_url else None
+        self._locator = (
+            make_locator("index", index_url, timeout_s, self.trust.keys) if index_url else None
+        )
         self._index_breaker = CircuitBreaker(f"{name}-index", *self._breaker_args)
         self._clients: dict[str, tuple[PeerClient, CircuitBreaker]] = {}
         self._located: OrderedDict[ChunkKey, tuple[float, list[str]]] = OrderedDict()
@@ -83,7 +88,9 @@ class PeerTier(Tier):
         self._verify = ThreadPoolExecutor(2, f"kvstack-{name}-verify", enter_background)
 
     @classmethod
-    def from_url(cls, url: TierURL, name: str = "peer") -> PeerTier:
+    def from_url(
+        cls, url: TierURL, name: str = "peer", trust: ChunkTrust | None = None
+    ) -> PeerTier:
         tier = cls(
             index_url=url.pop("index") or "",
             peers=[p for p in url.netloc.split(",") if p],
@@ -94,6 +101,7 @@ class PeerTier(Tier):
             breaker_failures=pop_int(url, "breaker_failures", 3, 1),
             breaker_reset_s=pop_float(url, "breaker_reset_s", 5.0, 0.001),
             name=name,
+            trust=trust,
         )
         url.reject_unknown()
         return tier
@@ -103,7 +111,9 @@ class PeerTier(Tier):
         with self._lock:
             entry = self._clients.get(address)
             if entry is None:
-                client = PeerClient(address, self.connect_timeout_s, self.timeout_s)
+                client = PeerClient(
+                    address, self.connect_timeout_s, self.timeout_s, trust=self.trust
+                )
                 breaker = CircuitBreaker(f"{self.name}:{address}", *self._breaker_args)
                 entry = self._clients[address] = (client, breaker)
             return entry
@@ -156,6 +166,11 @@ class PeerTier(Tier):
         except FAILURES as exc:
             breaker.failure(exc)
             self._metrics.error(op)
+            if isinstance(exc, PeerHeaderError):
+                self._metrics.corrupt(exc.reason)
+            self._incidents.warning(
+                f"{address}:{op}", "peer tier %s: %s to %s failed: %s", self.name, op, address, exc
+            )
             self._forget_holder(address)
             return None
         breaker.success()
@@ -215,10 +230,10 @@ class PeerTier(Tier):
             self._metrics.hit(result.chunk.numel() * result.chunk.element_size())
             return result.chunk
         if result.outcome == "corrupt":
-            self._metrics.corrupt()
+            self._metrics.corrupt(result.reason)
             self._incidents.warning(
-                "corrupt", "peer tier %s: chunk %s from %s failed verification: %s",
-                self.name, key.hex(), address, result.detail,
+                result.reason, "peer tier %s: chunk %s from %s failed verification (%s): %s",
+                self.name, key.hex(), address, result.reason, result.detail,
             )  # fmt: skip
         with self._lock:  # the holder no longer has it (or sent it damaged): ask again later
             self._located.pop(key, None)

@@ -27,6 +27,7 @@ from kvstack.kv.tiers.remote.codec import (
     settle,
     tensor_for,
 )
+from kvstack.kv.trust import ChunkTrust
 
 __all__ = ["ReadResult", "delete_batch", "exists_batch", "read_batch", "touch_batch", "write_batch"]
 
@@ -37,16 +38,22 @@ def read_batch(
     keys: Sequence[ChunkKey],
     outs: Sequence[torch.Tensor | None],
     verifier: Executor | None = None,
+    trust: ChunkTrust | None = None,
 ) -> list[ReadResult]:
     """GET every name; fill ``outs[i]`` (or a new tensor where it is None). Payload checksums
-    run on ``verifier`` while the next values arrive, when one is given."""
+    (MACs, with ``trust``'s sealer) run on ``verifier`` while the next values arrive, when one
+    is given."""
     conn.send([b"".join(pack_command("GET", name) for name in names)])
-    pending = [_read_one(conn, k, o, verifier) for k, o in zip(keys, outs, strict=True)]
+    pending = [_read_one(conn, k, o, verifier, trust) for k, o in zip(keys, outs, strict=True)]
     return settle(pending)
 
 
 def _read_one(
-    conn: RespConnection, key: ChunkKey, out: torch.Tensor | None, verifier: Executor | None
+    conn: RespConnection,
+    key: ChunkKey,
+    out: torch.Tensor | None,
+    verifier: Executor | None,
+    trust: ChunkTrust | None,
 ) -> Pending:
     try:
         size = conn.read_bulk_size()
@@ -61,12 +68,12 @@ def _read_one(
     conn.read_into(memoryview(head))
     rest = size - HEADER_BYTES
     try:
-        header = check_header(head, key)
+        header = check_header(head, key, trust)
         if header.stored_bytes != rest:
             raise ChunkFormatError(f"payload is {rest} bytes, header says {header.stored_bytes}")
     except ChunkFormatError as exc:
         conn.skip(rest + 2)
-        return ReadResult("corrupt", detail=str(exc))
+        return ReadResult.rejected(exc)
     target_tensor = tensor_for(header) if out is None else out
     if not fits(header, target_tensor):
         conn.skip(rest + 2)
@@ -74,7 +81,7 @@ def _read_one(
     target = payload_target(header, target_tensor)
     conn.read_into(target.view)
     conn.skip(2)
-    return finish_later(verifier, header, target, target_tensor)
+    return finish_later(verifier, header, target, target_tensor, trust)
 
 
 def exists_batch(conn: RespConnection, names: Sequence[bytes]) -> list[bool]:

@@ -32,6 +32,7 @@ from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.remote.codec import ReadResult, encode_chunk
 from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, WriteQueueLimits
 from kvstack.kv.tiers.writer import WriteJob
+from kvstack.kv.trust import ChunkTrust
 from kvstack.log import IncidentLogger
 
 __all__ = ["RedisTier"]
@@ -45,7 +46,9 @@ FAILURES = (OSError, TierError)
 class RedisTier(QueuedRemoteTier):
     scheme = "redis"
 
-    def __init__(self, options: RedisOptions, name: str = "redis") -> None:
+    def __init__(
+        self, options: RedisOptions, name: str = "redis", trust: ChunkTrust | None = None
+    ) -> None:
         self.options = options
         self.location = options.location
         self._prefix = options.prefix.encode()
@@ -57,11 +60,14 @@ class RedisTier(QueuedRemoteTier):
             name,
             CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s),
             WriteQueueLimits(options.queue_chunks, options.queue_bytes, options.write_batch),
+            trust,
         )
 
     @classmethod
-    def from_url(cls, url: TierURL, name: str = "redis") -> RedisTier:
-        return cls(parse_redis_url(url), name=name)
+    def from_url(
+        cls, url: TierURL, name: str = "redis", trust: ChunkTrust | None = None
+    ) -> RedisTier:
+        return cls(parse_redis_url(url), name=name, trust=trust)
 
     def _name(self, key: ChunkKey) -> bytes:
         return self._prefix + key.hex().encode()
@@ -131,7 +137,9 @@ class RedisTier(QueuedRemoteTier):
         def read(conn: RespConnection, idx: list[int]) -> list[ReadResult]:
             picked_keys, picked_outs = [keys[i] for i in idx], [outs[i] for i in idx]
             picked_names = [names[i] for i in idx]
-            return redis_io.read_batch(conn, picked_names, picked_keys, picked_outs, self._verify)
+            return redis_io.read_batch(
+                conn, picked_names, picked_keys, picked_outs, self._verify, self.trust
+            )
 
         results = self._per_node("get", names, read)
         if results is None:
@@ -151,14 +159,15 @@ class RedisTier(QueuedRemoteTier):
         if result.outcome == "moved":
             self._nodes.moved()
         elif result.outcome == "corrupt":
-            self._drop_corrupt(key, result.detail)
+            self._drop_corrupt(key, result.detail, result.reason)
         return None
 
-    def _drop_corrupt(self, key: ChunkKey, detail: str) -> None:
+    def _drop_corrupt(self, key: ChunkKey, detail: str, reason: str) -> None:
         self._incidents.warning(
-            "corrupt", "redis tier %s: dropping corrupt chunk %s: %s", self.name, key.hex(), detail
-        )
-        self._metrics.corrupt()
+            reason, "redis tier %s: dropping chunk %s (%s): %s",
+            self.name, key.hex(), reason, detail,
+        )  # fmt: skip
+        self._metrics.corrupt(reason)
         self._delete_stored([key])
         self._emit(TierEvent("removed", self.name, key, reason="corrupt"))
 
@@ -182,7 +191,8 @@ class RedisTier(QueuedRemoteTier):
 
     def _set(self, conn: RespConnection, jobs: list[WriteJob], names: list[bytes]) -> list[bool]:
         start = time.perf_counter()
-        encoded = [encode_chunk(job.key, job.chunk, self.options.compression) for job in jobs]
+        compression = self.options.compression
+        encoded = [encode_chunk(job.key, job.chunk, compression, self.trust) for job in jobs]
         acks = redis_io.write_batch(conn, names, encoded, self.options.ttl_ms)
         if jobs:
             self._metrics.put_seconds.observe((time.perf_counter() - start) / len(jobs))

@@ -1,10 +1,15 @@
-"""The chunk format on remote stores: one value (or object) = 96-byte header + stored payload.
+"""The chunk format on remote stores: one value (or object) = 128-byte header + stored payload.
 
-Writers send the header and the payload as separate buffers (no concatenation copy). Readers
-parse the header first, decide whether the payload can land directly in the caller's tensor
-(same dtype and shape, no compression, contiguous CPU memory), and verify the payload checksum
-before reporting a hit: a mismatch is :class:`~kvstack.errors.ChunkFormatError`, which tiers
-turn into a miss (and delete the value).
+Writers send the header and the payload as separate buffers (no concatenation copy); with a
+cluster secret the header carries the chunk's MAC (:mod:`kvstack.kv.seal`). Readers parse the
+header first and check its declared sizes (against the caller's tensor, or the tier's
+:class:`~kvstack.kv.trust.ChunkTrust` bound) before allocating anything, decide whether the
+payload can land directly in the caller's tensor (same dtype and shape, no compression,
+contiguous CPU memory), and verify the payload checksum — with a secret, the MAC — before
+reporting a hit: a mismatch is :class:`~kvstack.errors.ChunkFormatError`
+(:class:`~kvstack.errors.ChunkMACError`), which tiers turn into a miss (and delete the value).
+A rejected payload that landed in the caller's tensor leaves it undefined, and the tier reports
+a miss, so the caller never uses it.
 """
 
 from __future__ import annotations
@@ -15,15 +20,18 @@ from typing import Literal, NamedTuple
 from kvstack.errors import ChunkFormatError
 from kvstack.kv.format import (
     HEADER_BYTES,
+    SIGNED_BYTES,
     ChunkHeader,
     compress,
     decompress,
     encode_header,
     parse_header,
     payload_checksum,
+    with_tag,
 )
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, dtype_name, torch, torch_dtype
+from kvstack.kv.trust import ChunkTrust
 
 __all__ = [
     "HEADER_BYTES",
@@ -40,6 +48,7 @@ __all__ = [
     "payload_target",
     "settle",
     "tensor_for",
+    "verify_payload",
 ]
 
 
@@ -48,12 +57,17 @@ Outcome = Literal["hit", "miss", "mismatch", "corrupt", "moved"]
 
 class ReadResult(NamedTuple):
     """One chunk read from a remote: ``hit`` (``chunk`` holds it), ``miss``, ``mismatch``
-    (stored with another dtype or shape), ``corrupt`` (dropped; ``detail`` says why) or
-    ``moved`` (a Redis Cluster slot moved)."""
+    (stored with another dtype or shape), ``corrupt`` (dropped; ``detail`` says why, ``reason``
+    labels it: format, checksum, size, mac) or ``moved`` (a Redis Cluster slot moved)."""
 
     outcome: Outcome
     chunk: torch.Tensor | None = None  # the tensor read into (``out`` or a new one)
     detail: str = ""
+    reason: str = ""
+
+    @classmethod
+    def rejected(cls, exc: ChunkFormatError) -> ReadResult:
+        return cls("corrupt", detail=str(exc), reason=exc.reason)
 
 
 class EncodedChunk(NamedTuple):
@@ -73,15 +87,22 @@ class PayloadTarget(NamedTuple):
     direct: bool
 
 
-def encode_chunk(key: ChunkKey, chunk: torch.Tensor, compression: str = "none") -> EncodedChunk:
+def encode_chunk(
+    key: ChunkKey, chunk: torch.Tensor, compression: str = "none", trust: ChunkTrust | None = None
+) -> EncodedChunk:
+    """Header (sealed when ``trust`` has a sealer) and stored payload of a chunk."""
     if chunk.device.type != "cpu" or not chunk.is_contiguous():
         chunk = chunk.to("cpu").contiguous()
     raw = byte_view(chunk)
     stored = compress(raw, compression)
-    header = encode_header(
-        key, dtype_name(chunk.dtype), tuple(chunk.shape), stored, len(raw), compression
-    )
-    return EncodedChunk(header, stored)
+    dtype, shape = dtype_name(chunk.dtype), tuple(chunk.shape)
+    sealer = None if trust is None else trust.sealer
+    if sealer is None:
+        return EncodedChunk(encode_header(key, dtype, shape, stored, len(raw), compression), stored)
+    fields, mac = sealer.begin_seal(key)
+    header = encode_header(key, dtype, shape, stored, len(raw), compression, seal=fields)
+    mac.update(stored)
+    return EncodedChunk(with_tag(header, mac.tag(header[:SIGNED_BYTES])), stored)
 
 
 def fits(header: ChunkHeader, out: torch.Tensor) -> bool:
@@ -107,11 +128,13 @@ def payload_target(header: ChunkHeader, out: torch.Tensor) -> PayloadTarget:
     return PayloadTarget(memoryview(bytearray(header.stored_bytes)), False)
 
 
-def decode_payload(header: ChunkHeader, target: PayloadTarget, out: torch.Tensor) -> None:
-    """Verify the received payload and, unless it landed in ``out`` directly, decode it there.
-    Raises ChunkFormatError on a checksum or size mismatch (``out`` is then undefined)."""
-    if payload_checksum(target.view) != header.checksum:
-        raise ChunkFormatError("payload checksum mismatch")
+def decode_payload(
+    header: ChunkHeader, target: PayloadTarget, out: torch.Tensor, trust: ChunkTrust | None = None
+) -> None:
+    """Verify the received payload (its MAC when ``trust`` has a sealer, else its checksum)
+    and, unless it landed in ``out`` directly, decode it there. Raises ChunkFormatError on a
+    checksum, MAC or size mismatch (``out`` is then undefined)."""
+    verify_payload(header, target.view, trust)
     if target.direct:
         return
     if header.compression == "none":
@@ -124,6 +147,17 @@ def decode_payload(header: ChunkHeader, target: PayloadTarget, out: torch.Tensor
     _copy_bytes_into(raw, out)
 
 
+def verify_payload(
+    header: ChunkHeader, payload: bytes | bytearray | memoryview, trust: ChunkTrust | None
+) -> None:
+    """The MAC with a sealer (it covers the checksum too), else the XXH3 checksum."""
+    sealer = None if trust is None else trust.sealer
+    if sealer is not None:
+        sealer.check(header, payload)
+    elif payload_checksum(payload) != header.checksum:
+        raise ChunkFormatError("payload checksum mismatch", reason="checksum")
+
+
 def _copy_bytes_into(raw: bytes | memoryview, out: torch.Tensor) -> None:
     if not len(raw):
         return
@@ -132,12 +166,14 @@ def _copy_bytes_into(raw: bytes | memoryview, out: torch.Tensor) -> None:
     out.copy_(staging.view(out.dtype).view(out.shape))
 
 
-def finish(header: ChunkHeader, target: PayloadTarget, out: torch.Tensor) -> ReadResult:
+def finish(
+    header: ChunkHeader, target: PayloadTarget, out: torch.Tensor, trust: ChunkTrust | None = None
+) -> ReadResult:
     """Verify (and decode) a received payload: a hit, or corrupt."""
     try:
-        decode_payload(header, target, out)
+        decode_payload(header, target, out, trust)
     except ChunkFormatError as exc:
-        return ReadResult("corrupt", detail=str(exc))
+        return ReadResult.rejected(exc)
     return ReadResult("hit", out)
 
 
@@ -145,21 +181,29 @@ Pending = ReadResult | Future[ReadResult]
 
 
 def finish_later(
-    verifier: Executor | None, header: ChunkHeader, target: PayloadTarget, out: torch.Tensor
+    verifier: Executor | None,
+    header: ChunkHeader,
+    target: PayloadTarget,
+    out: torch.Tensor,
+    trust: ChunkTrust | None = None,
 ) -> Pending:
     """:func:`finish` on ``verifier`` (so the next payload is received while this one is
-    checksummed; xxhash releases the GIL), or right away without one."""
+    checksummed; xxhash and OpenSSL's Poly1305 release the GIL), or right away without one."""
     if verifier is None:
-        return finish(header, target, out)
-    return verifier.submit(finish, header, target, out)
+        return finish(header, target, out, trust)
+    return verifier.submit(finish, header, target, out, trust)
 
 
 def settle(results: list[Pending]) -> list[ReadResult]:
     return [r.result() if isinstance(r, Future) else r for r in results]
 
 
-def check_header(buf: bytes | bytearray | memoryview, key: ChunkKey) -> ChunkHeader:
-    """Parse a header and check it names ``key`` (ChunkFormatError otherwise)."""
+def check_header(
+    buf: bytes | bytearray | memoryview, key: ChunkKey, trust: ChunkTrust | None = None
+) -> ChunkHeader:
+    """Parse a header and check it names ``key`` and declares sizes within ``trust``'s bound
+    (ChunkFormatError otherwise)."""
     if len(buf) < HEADER_BYTES:
         raise ChunkFormatError(f"value of {len(buf)} bytes is shorter than a chunk header")
-    return parse_header(buf[:HEADER_BYTES], expect_key=key)
+    bound = ChunkTrust().max_chunk_bytes if trust is None else trust.max_chunk_bytes
+    return parse_header(buf[:HEADER_BYTES], expect_key=key, max_raw_bytes=bound)

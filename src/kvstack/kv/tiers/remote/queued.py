@@ -27,6 +27,7 @@ from kvstack.kv.tiers.base import Tier, TierEvent, TierStats
 from kvstack.kv.tiers.metrics import TierMetrics
 from kvstack.kv.tiers.remote.breaker import CircuitBreaker
 from kvstack.kv.tiers.writer import BackgroundWriter, CancelOutcome, WriteJob
+from kvstack.kv.trust import ChunkTrust
 
 __all__ = ["QueuedRemoteTier", "WriteQueueLimits"]
 
@@ -41,8 +42,14 @@ class WriteQueueLimits(NamedTuple):
 class QueuedRemoteTier(Tier):
     shared = True
 
-    def __init__(self, name: str, breaker: CircuitBreaker, limits: WriteQueueLimits) -> None:
-        super().__init__(name)
+    def __init__(
+        self,
+        name: str,
+        breaker: CircuitBreaker,
+        limits: WriteQueueLimits,
+        trust: ChunkTrust | None = None,
+    ) -> None:
+        super().__init__(name, trust)
         self._breaker = breaker
         self._metrics = TierMetrics(name)
         self._writer = BackgroundWriter(

@@ -38,6 +38,7 @@ from kvstack.kv.tiers.remote.queued import QueuedRemoteTier, WriteQueueLimits
 from kvstack.kv.tiers.s3 import s3_io
 from kvstack.kv.tiers.s3.s3_url import S3Options, parse_s3_url
 from kvstack.kv.tiers.writer import WriteJob
+from kvstack.kv.trust import ChunkTrust
 from kvstack.log import IncidentLogger
 
 __all__ = ["S3Tier"]
@@ -50,7 +51,9 @@ T = TypeVar("T")
 class S3Tier(QueuedRemoteTier):
     scheme = "s3"
 
-    def __init__(self, options: S3Options, name: str = "s3") -> None:
+    def __init__(
+        self, options: S3Options, name: str = "s3", trust: ChunkTrust | None = None
+    ) -> None:
         self.options = options
         self.location = options.location
         self._client = s3_io.make_client(options)
@@ -74,11 +77,12 @@ class S3Tier(QueuedRemoteTier):
             name,
             CircuitBreaker(name, options.breaker_failures, options.breaker_reset_s),
             WriteQueueLimits(options.queue_chunks, options.queue_bytes, 1, min(options.threads, 4)),
+            trust,
         )
 
     @classmethod
-    def from_url(cls, url: TierURL, name: str = "s3") -> S3Tier:
-        return cls(parse_s3_url(url), name=name)
+    def from_url(cls, url: TierURL, name: str = "s3", trust: ChunkTrust | None = None) -> S3Tier:
+        return cls(parse_s3_url(url), name=name, trust=trust)
 
     def _name(self, key: ChunkKey) -> str:
         return self.options.object_key(key.hex())
@@ -167,7 +171,7 @@ class S3Tier(QueuedRemoteTier):
         try:
             return self._receive(key, body, s3_io.total_size(response), out)
         except ChunkFormatError as exc:
-            self._drop_corrupt(key, str(exc))
+            self._drop_corrupt(key, exc)
             return None
         finally:
             body.close()
@@ -179,7 +183,7 @@ class S3Tier(QueuedRemoteTier):
         if total < HEADER_BYTES:
             raise ChunkFormatError(f"object of {total} bytes is shorter than a chunk header")
         s3_io.read_body_into(body, memoryview(head))
-        header = check_header(head, key)
+        header = check_header(head, key, self.trust)
         if header.stored_bytes != total - HEADER_BYTES:
             raise ChunkFormatError(f"object is {total} bytes, header says {header.stored_bytes}")
         tensor = tensor_for(header) if out is None else out
@@ -192,15 +196,16 @@ class S3Tier(QueuedRemoteTier):
             self._client, self.options.bucket, self._name(key), target.view[first:],
             HEADER_BYTES + first, self.options.part_bytes, self._range_pool,
         )  # fmt: skip
-        decode_payload(header, target, tensor)
+        decode_payload(header, target, tensor, self.trust)
         self._known.add(key)
         return tensor
 
-    def _drop_corrupt(self, key: ChunkKey, detail: str) -> None:
+    def _drop_corrupt(self, key: ChunkKey, exc: ChunkFormatError) -> None:
         self._incidents.warning(
-            "corrupt", "s3 tier %s: dropping corrupt chunk %s: %s", self.name, key.hex(), detail
-        )
-        self._metrics.corrupt()
+            exc.reason, "s3 tier %s: dropping chunk %s (%s): %s",
+            self.name, key.hex(), exc.reason, exc,
+        )  # fmt: skip
+        self._metrics.corrupt(exc.reason)
         self._known.discard(key)
         self._client.delete_object(Bucket=self.options.bucket, Key=self._name(key))
         self._emit(TierEvent("removed", self.name, key, reason="corrupt"))
@@ -215,7 +220,7 @@ class S3Tier(QueuedRemoteTier):
         if key in self._known or self._head(key):
             return True
         start = time.perf_counter()
-        encoded = encode_chunk(key, chunk, self.options.compression)
+        encoded = encode_chunk(key, chunk, self.options.compression, self.trust)
         s3_io.upload(
             self._client, self.options.bucket, self._name(key), encoded,
             self.options.multipart_threshold, self.options.part_bytes,

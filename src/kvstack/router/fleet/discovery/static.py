@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvstack.redact import redact_url
 from kvstack.router.config import RouterConfig
 from kvstack.router.fleet.backends import Backend
 from kvstack.router.fleet.config import BackendConfig
@@ -15,7 +16,7 @@ __all__ = ["StaticDiscovery", "backend_from_config"]
 def backend_from_config(config: BackendConfig) -> Backend:
     models = None if config.models is None else frozenset(config.models)
     return Backend(
-        id=config.name or config.url,
+        id=config.name or redact_url(config.url),  # the id labels metrics and headers
         url=config.url,
         role=config.role,
         labels=dict(config.labels),

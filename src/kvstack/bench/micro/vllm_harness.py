@@ -1,0 +1,260 @@
+"""What the ``kvstack bench vllm`` scenarios share: engines, streamed decodes, summaries.
+
+- :class:`Engines` starts vLLM OpenAI servers (CPU build) on one model, each with its own log;
+- :class:`DecodeStreams` keeps N greedy decodes streaming on threads and records when each of
+  their tokens arrived, so a scenario can ask for the inter-token gaps that ended in a window;
+- :func:`spread` summarises repeated measurements as median, min and max; every percentile is
+  :func:`kvstack.bench.load.stats.percentile`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvstack.bench.load.stats import percentile
+from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
+
+__all__ = [
+    "DecodeStreams",
+    "Engines",
+    "Spread",
+    "completion",
+    "drop_page_cache",
+    "itl",
+    "metric_value",
+    "redis_server",
+    "spread",
+    "stream_ttft",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Engines:
+    model: Path
+    work: Path
+    max_model_len: int = 16384
+    kv_cache_space_gib: int = 2
+
+    @contextlib.contextmanager
+    def engine(
+        self,
+        name: str,
+        kv_transfer: dict[str, Any] | None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> Iterator[VLLMServer]:
+        spec = VLLMServerSpec(
+            model=str(self.model),
+            port=_free_port(),
+            served_model_name="bench",
+            max_model_len=self.max_model_len,
+            kv_cache_space_gib=self.kv_cache_space_gib,
+            kv_transfer_config=kv_transfer,
+            extra_args=list(extra_args),
+            env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
+        )
+        server = VLLMServer(spec, self.work / f"{name}.log", start_timeout_s=900)
+        print(f"  starting {name} ...", flush=True)
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def _body(server: VLLMServer, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": server.model_name,
+        "prompt": list(prompt),
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+
+
+def completion(server: VLLMServer, prompt: Sequence[int], max_tokens: int) -> list[int]:
+    """The generated token ids of a greedy completion."""
+    body = _body(server, prompt, max_tokens)
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=900)
+    response.raise_for_status()
+    ids: list[int] = response.json()["choices"][0]["token_ids"]
+    return ids
+
+
+def stream_ttft(server: VLLMServer, prompt: Sequence[int], max_tokens: int = 2) -> float:
+    """Seconds from sending a streamed completion to its first token (read to the end)."""
+    body = {**_body(server, prompt, max_tokens), "stream": True}
+    start = time.perf_counter()
+    first = None
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=900) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if first is None and line.startswith("data:") and '"text"' in line:
+                first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError("the stream ended without a token")
+    return first
+
+
+@dataclass
+class _Stream:
+    arrivals: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+class DecodeStreams:
+    """``len(prompts)`` streamed greedy decodes that run until :meth:`stop`."""
+
+    def __init__(self, server: VLLMServer, prompts: Sequence[Sequence[int]], max_tokens: int):
+        self._server, self._max_tokens = server, max_tokens
+        self._stop = threading.Event()
+        self._streams = [_Stream() for _ in prompts]
+        self._threads = [
+            threading.Thread(target=self._run, args=(p, s), daemon=True)
+            for p, s in zip(prompts, self._streams, strict=True)
+        ]
+
+    def __enter__(self) -> DecodeStreams:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def _run(self, prompt: Sequence[int], record: _Stream) -> None:
+        body = {**_body(self._server, prompt, self._max_tokens), "stream": True}
+        url = f"{self._server.url}/v1/completions"
+        try:
+            with httpx.stream("POST", url, json=body, timeout=900) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data:") and '"text"' in line:
+                        record.arrivals.append(time.perf_counter())
+                    if self._stop.is_set():
+                        return  # closing the stream aborts the request
+        except httpx.HTTPError as exc:  # reported with the results, never silently dropped
+            record.error = repr(exc)
+
+    def wait_running(self, tokens_each: int, timeout_s: float = 600.0) -> None:
+        """Block until every decode has streamed ``tokens_each`` tokens (prefill is over)."""
+        deadline = time.monotonic() + timeout_s
+        while any(len(s.arrivals) < tokens_each for s in self._streams):
+            if time.monotonic() > deadline or any(s.error for s in self._streams):
+                raise RuntimeError(f"decodes did not start: {self.errors()}")
+            time.sleep(0.05)
+
+    def gaps(self, start: float, end: float) -> list[float]:
+        """Inter-token gaps (seconds) of every decode that ended within ``[start, end)``."""
+        out: list[float] = []
+        for stream in self._streams:
+            times = stream.arrivals
+            out += [b - a for a, b in itertools.pairwise(times) if start <= b < end]
+        return out
+
+    def errors(self) -> list[str]:
+        return [s.error for s in self._streams if s.error]
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    def as_dict(self) -> dict[str, float]:
+        return {"median": self.median, "min": self.low, "max": self.high, "n": self.n}
+
+
+def spread(values: Sequence[float]) -> Spread:
+    """Median, min and max of repeated measurements."""
+    if not values:
+        return Spread(float("nan"), float("nan"), float("nan"), 0)
+    return Spread(statistics.median(values), min(values), max(values), len(values))
+
+
+def itl(gaps: Sequence[float]) -> dict[str, float]:
+    """ITL p50 and p99 (ms) of a window's gaps."""
+    return {
+        "p50_ms": 1000 * (percentile(gaps, 50) or float("nan")),
+        "p99_ms": 1000 * (percentile(gaps, 99) or float("nan")),
+        "samples": len(gaps),
+    }
+
+
+def metric_value(server: VLLMServer, name: str) -> float:
+    """Sum of the samples called ``name`` on the engine's ``/metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
+
+
+@contextlib.contextmanager
+def redis_server(work: Path, env: dict[str, str]) -> Iterator[int]:
+    """A throw-away ``redis-server`` on loopback (no persistence); yields its port."""
+    port = _free_port()
+    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(work)]  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if "MALLOC_CONF" not in k}, **env}
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield port
+    finally:
+        server.kill()
+        server.wait()
+
+
+def drop_page_cache(root: Path) -> int:
+    """Evict the chunk files from the page cache; returns the bytes still resident."""
+    files = [p for p in root.rglob("*.kvc")]
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    if not files or shutil.which("fincore") is None:
+        return -1
+    out = subprocess.run(
+        ["fincore", "--bytes", "--noheadings", "--output", "RES", *map(str, files[:200])],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    return sum(int(line.split()[0]) for line in out.stdout.splitlines() if line.strip())

@@ -1,0 +1,170 @@
+"""``kvstack bench vllm --scenario interference``: what a slow-tier load does to the decodes
+running beside it.
+
+N requests decode, streamed. One request at a time then arrives whose long prefix
+(``--prompt-tokens``, 8K by default) is stored only in a slow tier: the file tier with its chunk
+files dropped from the page cache before every load, or Redis. Arms, all in one run, each its
+own engine, the same prefixes and decodes:
+
+- ``recompute``: plain vLLM computes the prefix;
+- ``<tier>/sync``: the connector with ``load_mode=sync`` (the load inside the engine step);
+- ``<tier>/async``: the connector as configured by default (``load_mode=auto``: asynchronous
+  for a slow tier; the request waits, the batch does not);
+- ``no loads``: on every engine, the same decodes in the seconds just before each load.
+
+Per round (one load): the loader's TTFT, and the decodes' inter-token gaps while it was in
+flight (send to last token) and in the ``--quiet-s`` seconds before. Reported per arm: medians
+and min-max over rounds of the loader's TTFT and of ITL p50/p99, and the ratio of each round's
+p99 during the load to its p99 before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from kvstack.bench.micro.vllm_harness import (
+    DecodeStreams,
+    Engines,
+    completion,
+    itl,
+    metric_value,
+    redis_server,
+    spread,
+    stream_ttft,
+)
+from kvstack.bench.micro.vllm_probe import PromptFactory
+from kvstack.stack.vllm_server import VLLMServer, connector_config
+
+__all__ = ["interference"]
+
+NUM_DECODES = 4
+DECODE_PROMPT_TOKENS = 128
+SUFFIX_TOKENS = 16  # the loader's own tokens after its prefix (computed in every arm)
+
+
+def interference(
+    engines: Engines,
+    prompts: PromptFactory,
+    prefix_tokens: int,
+    rounds: int,
+    quiet_s: float,
+    drop_page_cache: Callable[[Path], int],
+) -> dict[str, Any]:
+    prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
+    decodes = [prompts(DECODE_PROMPT_TOKENS) for _ in range(NUM_DECODES)]
+    kv_dir = engines.work / "slow-kv"
+    results: dict[str, Any] = {"prefix_tokens": prefix_tokens, "rounds": rounds}
+    with _redis(engines.work) as redis_url:
+        tiers = {"file": f"file://{kv_dir}?size=40GiB", "redis": redis_url}
+        _store(engines, prefixes, list(tiers.values()))
+        resident = drop_page_cache(kv_dir)
+        results["page_cache_after_drop_bytes"] = resident
+        run = _Arm(prefixes, decodes, prompts, quiet_s)
+        with engines.engine("recompute", None) as e:
+            results["recompute"] = run(e, lambda: None)
+        for tier, url in tiers.items():
+            for mode in ("sync", "auto"):
+                config = connector_config([url], chunk_size=256, load_mode=mode)
+                label = f"{tier}/{'async' if mode == 'auto' else 'sync'}"
+                before: Callable[[], object] = (
+                    (lambda: drop_page_cache(kv_dir)) if tier == "file" else (lambda: None)
+                )
+                with engines.engine(label.replace("/", "-"), config) as e:
+                    results[label] = run(e, before)
+                    results[label]["async_loads"] = metric_value(
+                        e, "kvstack_connector_async_loads_total"
+                    )
+                    results[label]["hit_tokens"] = metric_value(
+                        e, "kvstack_connector_hit_tokens_total"
+                    )
+    return results
+
+
+def _store(engines: Engines, prefixes: list[list[int]], tiers: list[str]) -> None:
+    """One engine computes every prefix and writes its chunks to every slow tier."""
+    with engines.engine("writer", connector_config(tiers, chunk_size=256)) as writer:
+        for prefix in prefixes:
+            completion(writer, prefix, 1)
+    # Stopping the engine flushed its tiers' background writes.
+
+
+class _Arm:
+    def __init__(
+        self,
+        prefixes: list[list[int]],
+        decodes: list[list[int]],
+        prompts: PromptFactory,
+        quiet_s: float,
+    ) -> None:
+        self.prefixes, self.decodes = prefixes, decodes
+        self.prompts, self.quiet_s = prompts, quiet_s
+
+    def __call__(self, engine: VLLMServer, before_load: Callable[[], object]) -> dict[str, Any]:
+        stream_ttft(engine, self.prompts(64))  # warm-up
+        rounds = []
+        with DecodeStreams(engine, self.decodes, max_tokens=12000) as streams:
+            streams.wait_running(8)
+            for prefix in self.prefixes:
+                before_load()
+                time.sleep(self.quiet_s)
+                start = time.perf_counter()
+                ttft = stream_ttft(engine, prefix + self.prompts(SUFFIX_TOKENS))
+                end = time.perf_counter()
+                quiet = itl(streams.gaps(start - self.quiet_s, start))
+                loading = itl(streams.gaps(start, end))
+                rounds.append({"ttft_s": ttft, "quiet": quiet, "loading": loading})
+            errors = streams.errors()
+        return _summary(rounds, errors)
+
+
+def _summary(rounds: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
+    def of(path: Callable[[dict[str, Any]], float]) -> dict[str, float]:
+        return spread([path(r) for r in rounds]).as_dict()
+
+    return {
+        "rounds": rounds,
+        "errors": errors,
+        "ttft_s": of(lambda r: r["ttft_s"]),
+        "quiet_p50_ms": of(lambda r: r["quiet"]["p50_ms"]),
+        "quiet_p99_ms": of(lambda r: r["quiet"]["p99_ms"]),
+        "loading_p50_ms": of(lambda r: r["loading"]["p50_ms"]),
+        "loading_p99_ms": of(lambda r: r["loading"]["p99_ms"]),
+        "p99_ratio": of(lambda r: r["loading"]["p99_ms"] / r["quiet"]["p99_ms"]),
+    }
+
+
+@contextlib.contextmanager
+def _redis(work: Path) -> Iterator[str]:
+    from kvstack.kv.tiers.redis.redis_server import large_value_env
+
+    with redis_server(work, large_value_env()) as port:
+        yield f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=2GiB&timeout_s=60"
+
+
+def report_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Table rows: arm, loader TTFT, ITL p50/p99 before and during loads, p99 ratio."""
+    rows: list[tuple[str, ...]] = []
+    for arm in ("recompute", "file/sync", "file/async", "redis/sync", "redis/async"):
+        r = results.get(arm)
+        if r is None:
+            continue
+        rows.append((
+            arm,
+            _fmt(r["ttft_s"], 1000, "ms"),
+            f"{r['quiet_p50_ms']['median']:.0f} / {r['quiet_p99_ms']['median']:.0f}",
+            f"{r['loading_p50_ms']['median']:.0f} / {r['loading_p99_ms']['median']:.0f}",
+            _fmt(r["p99_ratio"], 1, "x"),
+        ))  # fmt: skip
+    return rows
+
+
+def _fmt(s: dict[str, float], scale: float, unit: str) -> str:
+    return (
+        f"{s['median'] * scale:.2f}{unit} [{s['min'] * scale:.2f}-{s['max'] * scale:.2f}]"
+        if unit == "x"
+        else f"{s['median'] * scale:.0f} {unit} [{s['min'] * scale:.0f}-{s['max'] * scale:.0f}]"
+    )

@@ -1,0 +1,110 @@
+"""``kvstack bench vllm --scenario overhead | pipelining``: paired, interleaved comparisons.
+
+The engines of a comparison run side by side and take turns, one request at a time, in an
+order that rotates every round, so slow phases of a shared machine hit every arm alike. Each
+round yields one ratio per arm against the first arm; reported: per arm the median TTFT, and
+the median, min and max of the per-round ratios.
+
+- **overhead**: unique prompts (no reuse anywhere): plain vLLM, the connector with its defaults
+  (copy-out on the step on the CPU build), the connector with ``copy_out: background``.
+- **pipelining**: a hit in the connector's CPU tier after vLLM dropped its own cache (a load
+  within the step), without and with ``layer_pipelining``; and what pipelined saves cost on
+  unique prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kvstack.bench.micro.vllm_harness import Engines, metric_value, spread, stream_ttft
+from kvstack.bench.micro.vllm_probe import PromptFactory, reset_prefix_cache
+from kvstack.stack.vllm_server import VLLMServer, connector_config
+
+__all__ = ["overhead", "pipelining"]
+
+Arms = dict[str, dict[str, Any] | None]
+
+
+def overhead(engines: Engines, prompts: PromptFactory, tokens: int, rounds: int) -> dict[str, Any]:
+    tiers = ["cpu://?size=2GiB", f"file://{engines.work / 'overhead-kv'}?size=20GiB"]
+    arms: Arms = {
+        "plain_vllm": None,
+        "kvstack": connector_config(tiers, chunk_size=256),
+        "kvstack_copy_out_background": connector_config(
+            [t.replace("overhead-kv", "overhead-kv-bg") for t in tiers],
+            chunk_size=256, copy_out="background",
+        ),
+    }  # fmt: skip
+    return _paired(engines, arms, rounds, lambda e, r: stream_ttft(e, prompts(tokens))) | {
+        "prompt_tokens": tokens
+    }
+
+
+def pipelining(
+    engines: Engines, prompts: PromptFactory, tokens: int, rounds: int
+) -> dict[str, Any]:
+    arms: Arms = {
+        "layer_pipelining_off": connector_config(
+            ["cpu://?size=4GiB"], chunk_size=256, layer_pipelining=False
+        ),
+        "layer_pipelining_on": connector_config(
+            ["cpu://?size=4GiB"], chunk_size=256, layer_pipelining=True
+        ),
+    }
+    shared: dict[int, list[int]] = {}
+
+    def hit(engine: VLLMServer, round_: int) -> float:
+        prompt = shared.setdefault(round_, prompts(tokens))
+        stream_ttft(engine, prompt)  # computed (and saved with this arm's copy-out)
+        reset_prefix_cache(engine)
+        return stream_ttft(engine, prompt)  # loaded from the CPU tier within the step
+
+    return _paired(engines, arms, rounds, hit) | {"prompt_tokens": tokens}
+
+
+def _paired(
+    engines: Engines,
+    arms: Arms,
+    rounds: int,
+    measure: Callable[[VLLMServer, int], float],
+) -> dict[str, Any]:
+    names = list(arms)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    with contextlib.ExitStack() as stack:
+        servers = {n: stack.enter_context(engines.engine(n, arms[n])) for n in names}
+        for server in servers.values():
+            stream_ttft(server, [11] * 64)  # warm-up
+        for r in range(rounds):
+            for name in _rotated(names, r):
+                samples[name].append(measure(servers[name], r))
+        time.sleep(1.5)  # the last step's stats reach /metrics
+        connector = {n: _connector_figures(servers[n]) for n in names if arms[n] is not None}
+    base = samples[names[0]]
+    out: dict[str, Any] = {"rounds": rounds, "samples_s": samples, "connector": connector}
+    for name in names:
+        out[name] = {"ttft_s": spread(samples[name]).as_dict()}
+        if name != names[0]:
+            ratios = [mine / theirs for mine, theirs in zip(samples[name], base, strict=True)]
+            out[name]["ratio_to_" + names[0]] = spread(ratios).as_dict()
+    return out
+
+
+def _connector_figures(server: VLLMServer) -> dict[str, float]:
+    """How long the step spent on copy-outs and loads, and how long finished requests' blocks
+    were held for background copy-outs (the memory cost of ``copy_out: background``)."""
+    figures = {}
+    for name in ("save_seconds", "load_seconds", "hold_seconds"):
+        total = metric_value(server, f"kvstack_connector_{name}_sum")
+        count = metric_value(server, f"kvstack_connector_{name}_count")
+        figures[f"{name}_total"] = total
+        figures[f"{name}_mean_ms"] = 1000 * total / count if count else 0.0
+    figures["held_requests"] = metric_value(server, "kvstack_connector_held_requests_total")
+    return figures
+
+
+def _rotated(names: Sequence[str], round_: int) -> list[str]:
+    shift = round_ % len(names)
+    return list(names[shift:]) + list(names[:shift])

@@ -1,0 +1,188 @@
+"""Asynchronous loads: a request's chunks fetched and written into its blocks off the step.
+
+vLLM parks a request whose load is asynchronous in ``WAITING_FOR_REMOTE_KVS`` and keeps
+stepping the others. :class:`AsyncLoader` runs each such load as a job on its own threads
+(off the engine's compute cores on vLLM's CPU build): it fetches a few chunks at a time from
+the tiers into staging buffers, then writes them into the request's blocks (on a GPU, from
+pinned memory on a side stream). ``take_finished`` reports, once per job, that the request's
+receive is over, and which blocks did not arrive: vLLM recomputes exactly those and everything
+after them (``kv_load_failure_policy=recompute``).
+
+A block is either written whole from a verified chunk or reported failed; never half. A job
+that outlives ``timeout_s`` is abandoned under its lock: a write already started finishes
+before the abandonment is reported, and nothing is written afterwards, even if the tier
+answers later (the thread only fills its own staging buffers).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.vllm.layout import PagedKV
+from kvstack.integrations.vllm.streams import CopyStream
+from kvstack.kv.affinity import enter_background
+from kvstack.kv.cache import KVCache
+from kvstack.kv.keys import ChunkKey
+
+__all__ = ["AsyncLoader", "FinishedLoads", "scatter_chunk"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FinishedLoads:
+    """What :meth:`AsyncLoader.take_finished` found since its last call."""
+
+    req_ids: set[str] = field(default_factory=set)
+    failed_blocks: set[int] = field(default_factory=set)
+    loaded_blocks: int = 0
+    failed_chunks: int = 0
+    timeouts: int = 0
+    seconds: list[float] = field(default_factory=list)  # start to finish, per job
+
+
+@dataclass
+class _Job:
+    request: RequestIO
+    keys: list[ChunkKey]
+    started: float
+    deadline: float
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    written: int = 0  # leading chunks written whole into the paged blocks
+    fetched_all: bool = False  # the thread is done with the job (success or not)
+    abandoned: bool = False  # reported (finished or timed out): nothing more may be written
+
+
+def scatter_chunk(paged: PagedKV, chunk: ChunkIO, staged: torch.Tensor) -> None:
+    """Write the blocks ``chunk`` loads from its staged pages (``[layers, per_chunk, page]``)."""
+    end = chunk.first_block + len(chunk.block_ids)
+    paged.scatter(chunk.block_ids, staged[:, chunk.first_block : end])
+
+
+class AsyncLoader:
+    def __init__(
+        self,
+        cache: KVCache,
+        chunk_shape: tuple[int, int, int],
+        rank: int,
+        paged: Callable[[], PagedKV],
+        stream: CopyStream,
+        threads: int,
+        timeout_s: float,
+        batch_chunks: int = 4,
+    ) -> None:
+        self._cache, self._shape, self._rank = cache, chunk_shape, rank
+        self._paged, self._stream = paged, stream
+        self._timeout_s = timeout_s
+        self._batch = batch_chunks
+        self._pin = torch.cuda.is_available()
+        self._jobs: dict[str, _Job] = {}
+        self._jobs_lock = threading.Lock()
+        self._local = threading.local()
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="kvstack-load", initializer=enter_background
+        )
+
+    def submit(self, request: RequestIO) -> None:
+        now = time.monotonic()
+        keys = [ChunkKey(c.keys[self._rank]) for c in request.chunks]
+        job = _Job(request, keys, now, now + self._timeout_s)
+        with self._jobs_lock:
+            self._jobs[request.req_id] = job
+        self._pool.submit(self._run, job)
+
+    @property
+    def num_pending(self) -> int:
+        with self._jobs_lock:
+            return len(self._jobs)
+
+    # -- on a load thread ------------------------------------------------------------------
+    def _run(self, job: _Job) -> None:
+        try:
+            self._fetch_and_write(job)
+        except Exception:  # a broken load is a recompute, never a dead thread or a bad block
+            log.exception("kvstack: asynchronous load of request %s failed", job.request.req_id)
+        finally:
+            with job.lock:
+                job.fetched_all = True
+
+    def _fetch_and_write(self, job: _Job) -> None:
+        chunks = job.request.chunks
+        for start in range(0, len(chunks), self._batch):
+            if job.abandoned:
+                return
+            batch, keys = chunks[start : start + self._batch], job.keys[start : start + self._batch]
+            buffers = self._buffers(len(batch))
+            loaded = self._cache.get_chunks_into(keys, buffers)
+            paged = self._paged()
+            with job.lock:
+                if job.abandoned:
+                    return
+                for chunk, staged in zip(batch[:loaded], buffers, strict=False):
+                    write = functools.partial(scatter_chunk, paged, chunk, staged)
+                    done = self._stream.submit(write)
+                    done.wait()  # whole before it counts; the buffer is reused next batch
+                    job.written += 1
+            if loaded < len(batch):
+                return
+
+    def _buffers(self, count: int) -> list[torch.Tensor]:
+        """This thread's staging buffers (a timed-out fetch may still be filling them)."""
+        staging: list[torch.Tensor] = getattr(self._local, "staging", [])
+        while len(staging) < count:
+            staging.append(torch.empty(self._shape, dtype=torch.uint8, pin_memory=self._pin))
+        self._local.staging = staging
+        return staging[:count]
+
+    # -- on the step -----------------------------------------------------------------------
+    def take_finished(self, now: float | None = None) -> FinishedLoads:
+        """Jobs that finished or timed out since the last call (each reported once)."""
+        now = time.monotonic() if now is None else now
+        with self._jobs_lock:
+            jobs = list(self._jobs.values())
+        out = FinishedLoads()
+        for job in jobs:
+            with job.lock:
+                if not job.fetched_all and now < job.deadline:
+                    continue
+                timed_out = not job.fetched_all
+                job.abandoned = True
+                written = job.written
+            self._report(job, written, timed_out, now, out)
+        with self._jobs_lock:
+            for req_id in out.req_ids:
+                self._jobs.pop(req_id, None)
+        return out
+
+    def _report(
+        self, job: _Job, written: int, timed_out: bool, now: float, out: FinishedLoads
+    ) -> None:
+        chunks = job.request.chunks
+        failed = chunks[written:]
+        out.req_ids.add(job.request.req_id)
+        out.seconds.append(now - job.started)
+        out.failed_blocks.update(b for c in failed for b in c.block_ids)
+        out.loaded_blocks += sum(len(c.block_ids) for c in chunks[:written])
+        out.failed_chunks += len(failed)
+        out.timeouts += int(timed_out)
+        if failed:
+            log.warning(
+                "kvstack: %d of %d chunks of request %s did not load (%s); vLLM recomputes them",
+                len(failed), len(chunks), job.request.req_id,
+                f"timed out after {self._timeout_s:g} s" if timed_out else "missing or corrupt",
+            )  # fmt: skip
+
+    def close(self) -> None:
+        with self._jobs_lock:
+            for job in self._jobs.values():
+                job.abandoned = True
+        self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,121 @@
+"""Synchronous loads: chunks the step's forward pass needs, written before their layer runs.
+
+``start`` fetches every planned chunk from the tiers into staging buffers (these loads come
+from the in-memory tier: slower ones are asynchronous, :mod:`.loads`). Without pipelining it
+then writes every layer's blocks at once. With pipelining it hands one write per layer to the
+copy stream and returns, so that the write of layer ``i + 1`` overlaps the computation of layer
+``i``; ``wait_for_layer(i)`` orders layer ``i``'s attention after its write (a host wait on the
+CPU build, a stream dependency on GPUs), and ``finish`` (end of the step) waits for all of them
+before the staging buffers are reused.
+
+Chunks that cannot be fetched are reported, with every chunk after them in the request, as
+failed blocks for vLLM to recompute in the same step.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.vllm.layout import PagedKV
+from kvstack.integrations.vllm.streams import Completion, CopyStream
+from kvstack.kv.cache import KVCache
+from kvstack.kv.keys import ChunkKey
+
+__all__ = ["SyncLoadResult", "SyncLoader"]
+
+
+@dataclass
+class SyncLoadResult:
+    loaded_blocks: int = 0
+    failed_blocks: set[int] = field(default_factory=set)
+    failed_chunks: int = 0
+    failed_req_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Staged:
+    index: torch.Tensor  # block ids on the KV's device
+    pages: torch.Tensor  # [layers, len(index), page] in a staging buffer
+
+
+class SyncLoader:
+    def __init__(
+        self,
+        cache: KVCache,
+        chunk_shape: tuple[int, int, int],
+        rank: int,
+        stream: CopyStream,
+        pipelined: bool,
+    ) -> None:
+        self._cache, self._shape, self._rank = cache, chunk_shape, rank
+        self._stream, self.pipelined = stream, pipelined
+        self._staging: list[torch.Tensor] = []
+        self._layers: list[Completion] = []
+        self._pin = torch.cuda.is_available()
+
+    def start(self, paged: PagedKV, requests: list[RequestIO]) -> SyncLoadResult:
+        """Fetch the chunks and write them (or start writing them, layer by layer)."""
+        self.finish()
+        result = SyncLoadResult()
+        staged: list[_Staged] = []
+        buffers = self._buffers(sum(len(r.chunks) for r in requests))
+        for request in requests:
+            mine, buffers = buffers[: len(request.chunks)], buffers[len(request.chunks) :]
+            staged += self._fetch(paged, request, mine, result)
+        if not self.pipelined:
+            for layer in range(paged.layout.num_layers):
+                _write_layer(paged, layer, staged)
+            return result
+        self._layers = [
+            self._stream.submit(functools.partial(_write_layer, paged, layer, staged))
+            for layer in range(paged.layout.num_layers)
+        ]
+        return result
+
+    def _fetch(
+        self,
+        paged: PagedKV,
+        request: RequestIO,
+        buffers: list[torch.Tensor],
+        result: SyncLoadResult,
+    ) -> list[_Staged]:
+        keys = [ChunkKey(c.keys[self._rank]) for c in request.chunks]
+        loaded = self._cache.get_chunks_into(keys, buffers)
+        ok: list[ChunkIO] = request.chunks[:loaded]
+        failed = request.chunks[loaded:]
+        result.loaded_blocks += sum(len(c.block_ids) for c in ok)
+        if failed:
+            result.failed_blocks.update(b for c in failed for b in c.block_ids)
+            result.failed_chunks += len(failed)
+            result.failed_req_ids.append(request.req_id)
+        return [
+            _Staged(
+                paged.block_index(c.block_ids),
+                buf[:, c.first_block : c.first_block + len(c.block_ids)],
+            )
+            for c, buf in zip(ok, buffers, strict=False)
+        ]
+
+    def wait_for_layer(self, layer: int) -> None:
+        if layer < len(self._layers):
+            self._layers[layer].before_compute()
+
+    def finish(self) -> None:
+        """Every started write is done (the staging buffers may be reused)."""
+        for done in self._layers:
+            done.wait()
+        self._layers = []
+
+    def _buffers(self, count: int) -> list[torch.Tensor]:
+        while len(self._staging) < count:
+            self._staging.append(torch.empty(self._shape, dtype=torch.uint8, pin_memory=self._pin))
+        return self._staging[:count]
+
+
+def _write_layer(paged: PagedKV, layer: int, staged: list[_Staged]) -> None:
+    for item in staged:
+        paged.scatter_layer(layer, item.index, item.pages[layer])

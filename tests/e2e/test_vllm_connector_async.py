@@ -1,0 +1,193 @@
+"""Asynchronous loads, load failures, generated tokens and hybrid models in real vLLM engines.
+
+Engine A keeps kvstack's chunks in a file tier only, so every kvstack load is asynchronous (the
+request waits in ``WAITING_FOR_REMOTE_KVS`` while others step). vLLM's own prefix cache is on:
+its hit on the same prompt is the reference a kvstack hit must reproduce bit for bit, tokens
+and logprobs (prompts are sized so that both hits cover the same tokens). Engine B is another
+process on the same directory: it serves the next turn of a conversation that A answered, the
+answer included. Engine H runs a hybrid model (a full-attention and a sliding-window layer):
+it starts, answers, and kvstack stores and serves nothing for it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kvstack.bench.micro.vllm_probe import reset_prefix_cache
+from kvstack.kv.keys import ChunkKey
+from kvstack.kv.tiers import make_tier
+from kvstack.stack.vllm_server import VLLMServer, connector_config
+from tests.e2e.engines import (
+    Answer,
+    chunk_files,
+    complete,
+    generate,
+    metric_total,
+    start_engine,
+    wait_metric,
+)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+CHUNK = 256
+ASYNC_LOADS = "kvstack_connector_async_loads_total"
+LOADED = "kvstack_connector_load_tokens_total"
+FAILED = "kvstack_connector_load_failed_chunks_total"
+HITS = "kvstack_connector_hit_tokens_total"
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 2000) for _ in range(length)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("async")
+
+
+def file_engine(model: Path, workdir: Path, name: str) -> VLLMServer:
+    tiers = [f"file://{workdir / 'kv'}?size=2GiB"]
+    return start_engine(
+        model, workdir, name, max_model_len=4096,
+        kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
+        env={"VLLM_SERVER_DEV_MODE": "1"},
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def engine_a(toy_model: Path, workdir: Path) -> Iterator[VLLMServer]:
+    server = file_engine(toy_model, workdir, "engine-a")
+    yield server
+    server.stop()
+
+
+def stored(paths: list[Path], timeout_s: float = 30.0) -> list[Path]:
+    """Wait until the file tier has written these chunk files."""
+    deadline = time.monotonic() + timeout_s
+    while not all(p.exists() for p in paths):
+        assert time.monotonic() < deadline, f"{sum(p.exists() for p in paths)}/{len(paths)} stored"
+        time.sleep(0.1)
+    return paths
+
+
+def computed_twice(engine: VLLMServer, tokens: list[int], workdir: Path) -> Answer:
+    """Compute ``tokens`` (kvstack stores its chunks), then answer from vLLM's own prefix
+    cache: the reference. Returns the reference once the chunks are on disk."""
+    generate(engine, tokens)
+    reference = generate(engine, tokens)
+    stored(chunk_files(workdir / "engine-a.log", workdir / "kv", tokens, CHUNK))
+    return reference
+
+
+def test_an_async_load_computes_exactly_what_vllms_own_hit_computes(
+    engine_a: VLLMServer, workdir: Path
+) -> None:
+    tokens = prompt(5 * CHUNK + 100, seed=1)  # vLLM's hit and kvstack's both cover 1280 tokens
+    reference = computed_twice(engine_a, tokens, workdir)
+    loads = metric_total(engine_a, ASYNC_LOADS)
+    reset_prefix_cache(engine_a)
+    assert generate(engine_a, tokens) == reference  # token ids and every logprob
+    assert wait_metric(engine_a, ASYNC_LOADS, loads + 1) == loads + 1
+
+    # Wrong KV would show: give P's chunk files another prompt's (valid, checksummed) pages.
+    other = prompt(5 * CHUNK + 100, seed=2)
+    computed_twice(engine_a, other, workdir)
+    mine = chunk_files(workdir / "engine-a.log", workdir / "kv", tokens, CHUNK)
+    theirs = chunk_files(workdir / "engine-a.log", workdir / "kv", other, CHUNK)
+    tier = make_tier(f"file://{workdir / 'kv'}?size=2GiB")
+    try:
+        for victim, donor in zip(mine, theirs, strict=True):
+            pages = tier.get(_key(donor))
+            assert pages is not None
+            tier.remove(_key(victim))
+            assert tier.put(_key(victim), pages)
+        assert tier.flush(30)
+        reset_prefix_cache(engine_a)
+        wrong = generate(engine_a, tokens)
+        assert wrong.logprobs != reference.logprobs, "wrong KV left the answer unchanged"
+        assert metric_total(engine_a, ASYNC_LOADS) >= loads + 2
+    finally:
+        for victim in mine:
+            tier.remove(_key(victim))
+        tier.close()
+
+
+def _key(path: Path) -> ChunkKey:
+    return ChunkKey(bytes.fromhex(path.name.removesuffix(".kvc")))
+
+
+def test_a_load_failing_mid_transfer_is_recomputed_from_that_block(
+    engine_a: VLLMServer, workdir: Path
+) -> None:
+    tokens = prompt(5 * CHUNK + 100, seed=3)
+    reference = computed_twice(engine_a, tokens, workdir)
+    files = chunk_files(workdir / "engine-a.log", workdir / "kv", tokens, CHUNK)
+    data = bytearray(files[2].read_bytes())
+    data[len(data) // 2] ^= 0xFF  # chunk 2 of 5 fails its checksum when read
+    files[2].write_bytes(bytes(data))
+    loaded, failed = metric_total(engine_a, LOADED), metric_total(engine_a, FAILED)
+    reset_prefix_cache(engine_a)
+    answer = generate(engine_a, tokens)
+    assert answer.token_ids == reference.token_ids
+    assert wait_metric(engine_a, FAILED, failed + 3) == failed + 3  # chunks 2, 3 and 4
+    assert metric_total(engine_a, LOADED) == loaded + 2 * CHUNK  # chunks 0 and 1 were used
+
+
+@pytest.fixture(scope="module")
+def engine_b(toy_model: Path, workdir: Path) -> Iterator[VLLMServer]:
+    server = file_engine(toy_model, workdir, "engine-b")
+    yield server
+    server.stop()
+
+
+def test_another_instance_serves_the_answer_of_a_first_turn(
+    engine_a: VLLMServer, engine_b: VLLMServer, workdir: Path
+) -> None:
+    turn_one = prompt(1000, seed=5)
+    # 281 generated tokens: the KV of 1280 tokens exists, chunks 3 and 4 hold generated ones.
+    answer = complete(engine_a, turn_one, max_tokens=281, ignore_eos=True)
+    turn_two = turn_one + answer + prompt(50, seed=6)
+    reference = generate(engine_a, turn_two)  # vLLM's own hit: 1280 tokens, answer included
+    stored(chunk_files(workdir / "engine-a.log", workdir / "kv", turn_two, CHUNK)[:5])
+    hits = metric_total(engine_b, HITS)
+    assert generate(engine_b, turn_two) == reference
+    served = wait_metric(engine_b, HITS, hits + 5 * CHUNK) - hits
+    assert served == 5 * CHUNK and served / len(turn_two) >= 0.9
+    assert metric_total(engine_a, "kvstack_connector_save_generated_chunks_total") >= 2
+
+
+@pytest.fixture(scope="module")
+def hybrid_engine(toy_model: Path, workdir: Path) -> Iterator[VLLMServer]:
+    model = workdir / "hybrid-model"
+    shutil.copytree(toy_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(layer_types=["full_attention", "sliding_attention"], sliding_window=128)
+    (model / "config.json").write_text(json.dumps(config))
+    tiers = [f"file://{workdir / 'hybrid-kv'}?size=1GiB"]
+    server = start_engine(
+        model, workdir, "hybrid", max_model_len=4096,
+        kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
+    )  # fmt: skip
+    yield server
+    server.stop()
+
+
+def test_a_hybrid_model_starts_and_is_served_without_hits(
+    hybrid_engine: VLLMServer, workdir: Path
+) -> None:
+    tokens = prompt(1000, seed=7)
+    first = complete(hybrid_engine, tokens)
+    assert len(first) == 8 and complete(hybrid_engine, tokens) == first
+    log = (workdir / "hybrid.log").read_text()
+    assert log.count("kvstack stores nothing and serves no hit for this model") == 1
+    assert "2 KV cache groups (full attention, SlidingWindow)" in log
+    assert metric_total(hybrid_engine, "kvstack_connector_lookup_tokens_total") == 0
+    assert not list((workdir / "hybrid-kv").rglob("*.kvc"))

@@ -1,0 +1,45 @@
+"""A small real paged KV allocation (vLLM's layout: layer-outermost pages) and a KV cache."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
+from kvstack.kv.cache import KVCache
+from kvstack.kv.config import KVConfig
+
+LAYERS, BLOCKS, PAGE, BLOCK_SIZE, CHUNK = 3, 16, 64, 4, 8
+PER_CHUNK = CHUNK // BLOCK_SIZE
+SHAPE = (LAYERS, PER_CHUNK, PAGE)
+
+
+def layout() -> PagedLayout:
+    names = tuple(f"model.layers.{i}.attn" for i in range(LAYERS))
+    return PagedLayout(names, BLOCK_SIZE, PAGE, "uint8", "test-layout")
+
+
+def paged_kv() -> tuple[PagedKV, torch.Tensor]:
+    """A PagedKV over one zeroed allocation, and that allocation ``[layers, blocks, page]``."""
+    memory = torch.zeros(LAYERS, BLOCKS, PAGE, dtype=torch.uint8)
+    names = layout().layer_names
+    placement = SimpleNamespace(
+        layers=list(names), offset=0, layer_stride=BLOCKS * PAGE, block_stride=PAGE
+    )
+    config: Any = SimpleNamespace(num_blocks=BLOCKS, kv_cache_tensors=[placement])
+    return PagedKV(layout(), config, {names[0]: memory}), memory
+
+
+def chunk_of(value: int) -> torch.Tensor:
+    """A chunk whose every page byte says which chunk and layer it is."""
+    out = torch.empty(SHAPE, dtype=torch.uint8)
+    for layer in range(LAYERS):
+        out[layer] = value * 10 + layer
+    return out
+
+
+def cache(tiers: list[str] | None = None) -> KVCache:
+    config = KVConfig(model="test", chunk_size=CHUNK, tiers=tiers or ["cpu://?size=4MiB"])
+    return KVCache(config)

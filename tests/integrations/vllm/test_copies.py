@@ -1,0 +1,165 @@
+"""Copy-out and synchronous loads on CPU tensors, with and without layer pipelining.
+
+The same code drives a GPU side stream; here the streams are the CPU build's: the step itself
+(:class:`InlineStream`) or a background thread (:class:`ThreadStream`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.vllm.saves import SaveQueue
+from kvstack.integrations.vllm.streams import CopyStream, InlineStream, ThreadStream
+from kvstack.integrations.vllm.sync_loads import SyncLoader
+from kvstack.kv.cache import KVCache
+from kvstack.kv.keys import ChunkKey
+from tests.integrations.vllm.paged import LAYERS, SHAPE, cache, chunk_of, paged_kv
+
+KEYS = [ChunkKey(bytes([i + 1]) * 16) for i in range(4)]
+
+
+@pytest.fixture
+def kv() -> Iterator[KVCache]:
+    store = cache()
+    yield store
+    store.close()
+
+
+def saves(block_ids: list[list[int]], req_id: str = "r1", generated: bool = False) -> RequestIO:
+    chunks = [ChunkIO(i, (KEYS[i],), ids, generated=generated) for i, ids in enumerate(block_ids)]
+    return RequestIO(req_id, chunks)
+
+
+def stored(kv: KVCache, key: ChunkKey) -> torch.Tensor:
+    out = torch.empty(SHAPE, dtype=torch.uint8)
+    assert kv.get_chunks_into([key], [out]) == 1, "chunk not stored"
+    return out
+
+
+def test_streams_run_in_order_and_report_completion() -> None:
+    seen: list[int] = []
+    assert InlineStream().submit(lambda: seen.append(0)).done() and seen == [0]
+    gate = threading.Event()
+    stream = ThreadStream("test")
+
+    def first() -> None:
+        gate.wait(5)
+        seen.append(1)
+
+    earlier = stream.submit(first)
+    later = stream.submit(lambda: seen.append(2))
+    assert not later.done()
+    gate.set()
+    assert later.wait(5) and earlier.done() and seen == [0, 1, 2]
+
+    def broken() -> None:
+        raise ZeroDivisionError("a copy failed")
+
+    failed = stream.submit(broken)
+    with pytest.raises(ZeroDivisionError):
+        failed.wait(5)
+    stream.close()
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["all-layers", "layer-by-layer"])
+@pytest.mark.parametrize("background", [False, True], ids=["on-step", "background"])
+def test_saved_chunks_hold_exactly_the_pages(
+    kv: KVCache, pipelined: bool, background: bool
+) -> None:
+    paged, memory = paged_kv()
+    memory[:, [2, 3]] = chunk_of(4)
+    memory[:, [8, 9]] = chunk_of(7)
+    stream: CopyStream = ThreadStream("copy") if background or pipelined else InlineStream()
+    queue = SaveQueue(kv, SHAPE, 0, stream, wait_on_step=not background)
+    plan = [saves([[2, 3], [8, 9]], generated=True)]
+    if pipelined:
+        for layer in range(LAYERS):
+            queue.layer(paged, 1, plan, layer)
+    queue.end(paged, 1, plan)
+    if not background:
+        assert not queue.copy_pending("r1")
+        memory.zero_()  # the step is over: the pages may change, the copies are done
+    assert queue.flush(10)
+    assert torch.equal(stored(kv, KEYS[0]), chunk_of(4))
+    assert torch.equal(stored(kv, KEYS[1]), chunk_of(7))
+    counts = queue.take_counts()
+    assert (counts.chunks, counts.generated_chunks, counts.skipped_chunks) == (2, 2, 0)
+    queue.close()
+    stream.close()
+
+
+def test_a_background_copy_out_holds_blocks_until_it_is_over(kv: KVCache) -> None:
+    paged, memory = paged_kv()
+    memory[:, [0, 1]] = chunk_of(3)
+    gate = threading.Event()
+    stream = ThreadStream("copy")
+    stream.submit(lambda: gate.wait(5) and None)  # an earlier copy keeps the thread busy
+    queue = SaveQueue(kv, SHAPE, 0, stream, wait_on_step=False)
+    queue.end(paged, 7, [saves([[0, 1]], req_id="finished")])
+    assert queue.copy_pending("finished") and not queue.copy_pending("other")
+    assert queue.copied_through(7) == 6  # step 7's copy-out is still running
+    gate.set()
+    queue.wait_copies({"finished"})  # what handle_preemptions does before blocks are reused
+    assert not queue.copy_pending("finished") and queue.copied_through(8) == 8
+    memory.zero_()
+    assert queue.flush(10)
+    assert torch.equal(stored(kv, KEYS[0]), chunk_of(3))
+    queue.close()
+    stream.close()
+
+
+def test_a_chunk_the_first_tier_holds_is_not_copied_again(kv: KVCache) -> None:
+    kv.put_chunks([KEYS[0]], [chunk_of(1)])
+    paged, memory = paged_kv()
+    memory[:, [4, 5]] = chunk_of(9)
+    queue = SaveQueue(kv, SHAPE, 0, InlineStream(), wait_on_step=True)
+    queue.end(paged, 1, [saves([[4, 5]])])
+    assert queue.flush(10)
+    assert torch.equal(stored(kv, KEYS[0]), chunk_of(1))
+    assert queue.take_counts().skipped_chunks == 1
+    queue.close()
+
+
+def test_a_staged_save_reaches_a_tier_without_two_phase_puts(tmp_path: object) -> None:
+    kv = cache([f"file://{tmp_path}?size=16MiB"])
+    paged, memory = paged_kv()
+    memory[:, [6, 7]] = chunk_of(5)
+    queue = SaveQueue(kv, SHAPE, 0, InlineStream(), wait_on_step=True)
+    queue.end(paged, 1, [saves([[6, 7]])])
+    memory.zero_()  # the staging buffer is the step's copy
+    assert queue.flush(10) and kv.flush(10)
+    assert torch.equal(stored(kv, KEYS[0]), chunk_of(5))
+    queue.close()
+    kv.close()
+
+
+@pytest.mark.parametrize("pipelined", [False, True], ids=["all-layers", "layer-by-layer"])
+def test_sync_loads_write_every_layer_before_it_is_used(kv: KVCache, pipelined: bool) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    paged, memory = paged_kv()
+    stream: CopyStream = ThreadStream("layers") if pipelined else InlineStream()
+    loader = SyncLoader(kv, SHAPE, 0, stream, pipelined)
+    plan = RequestIO("r1", [ChunkIO(0, (KEYS[0],), [10, 11]), ChunkIO(1, (KEYS[1],), [3], 1)])
+    result = loader.start(paged, [plan])
+    assert result.loaded_blocks == 3 and not result.failed_blocks
+    for layer in range(LAYERS):
+        loader.wait_for_layer(layer)  # the layer's attention may read its blocks now
+        assert torch.equal(memory[layer, [10, 11]], chunk_of(1)[layer])
+        assert torch.equal(memory[layer, 3], chunk_of(2)[layer, 1])
+    loader.finish()
+    stream.close()
+
+
+def test_a_sync_load_reports_the_chunks_it_could_not_fetch(kv: KVCache) -> None:
+    kv.put_chunks([KEYS[0]], [chunk_of(1)])
+    paged, memory = paged_kv()
+    loader = SyncLoader(kv, SHAPE, 0, InlineStream(), False)
+    plan = RequestIO("r1", [ChunkIO(0, (KEYS[0],), [0, 1]), ChunkIO(1, (KEYS[1],), [2, 3])])
+    result = loader.start(paged, [plan])
+    assert result.failed_blocks == {2, 3} and result.failed_req_ids == ["r1"]
+    assert int(memory[:, [2, 3]].sum()) == 0

@@ -1,0 +1,109 @@
+"""Asynchronous loads on CPU tensors: whole blocks or reported failures, never half, never late."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+import torch
+
+from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
+from kvstack.integrations.vllm.streams import InlineStream
+from kvstack.kv.cache import KVCache
+from kvstack.kv.keys import ChunkKey
+from tests.integrations.vllm.paged import SHAPE, cache, chunk_of, paged_kv
+
+KEYS = [ChunkKey(bytes([i]) * 16) for i in range(4)]
+
+
+def request(block_ids: Sequence[Sequence[int]], req_id: str = "r1") -> RequestIO:
+    chunks = [ChunkIO(i, (KEYS[i],), list(ids)) for i, ids in enumerate(block_ids)]
+    return RequestIO(req_id, chunks)
+
+
+def wait_finished(loader: AsyncLoader, timeout_s: float = 10.0) -> FinishedLoads:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        finished = loader.take_finished()
+        if finished.req_ids:
+            return finished
+        time.sleep(0.005)
+    raise AssertionError("the load never finished")
+
+
+@pytest.fixture
+def kv() -> Iterator[KVCache]:
+    store = cache()
+    yield store
+    store.close()
+
+
+def make_loader(kv: KVCache, timeout_s: float = 10.0) -> tuple[AsyncLoader, torch.Tensor]:
+    paged, memory = paged_kv()
+    loader = AsyncLoader(kv, SHAPE, 0, lambda: paged, InlineStream(), 2, timeout_s, 1)
+    return loader, memory
+
+
+def test_an_async_load_writes_every_block_and_is_reported_once(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    loader, memory = make_loader(kv)
+    loader.submit(request([[5, 9], [3, 4]]))
+    finished = wait_finished(loader)
+    assert finished.req_ids == {"r1"} and not finished.failed_blocks
+    assert finished.loaded_blocks == 4 and len(finished.seconds) == 1
+    assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+    assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+    assert loader.take_finished().req_ids == set() and loader.num_pending == 0
+    loader.close()
+
+
+def test_a_missing_chunk_fails_its_blocks_and_every_later_one(kv: KVCache) -> None:
+    kv.put_chunks([KEYS[0], KEYS[2]], [chunk_of(1), chunk_of(3)])  # chunk 1 is missing
+    loader, memory = make_loader(kv)
+    loader.submit(request([[0, 1], [2, 3], [4, 5]]))
+    finished = wait_finished(loader)
+    assert finished.failed_blocks == {2, 3, 4, 5} and finished.failed_chunks == 2
+    assert torch.equal(memory[:, [0, 1]], chunk_of(1))
+    assert int(memory[:, [2, 3, 4, 5]].sum()) == 0  # nothing written past the first failure
+    loader.close()
+
+
+class _Gate:
+    """Wraps a cache so that reads of one key block until released (a stalled tier)."""
+
+    def __init__(self, kv: KVCache, key: ChunkKey) -> None:
+        self.kv, self.key = kv, key
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
+        if self.key in keys:
+            self.entered.set()
+            self.release.wait(10)
+        return self.kv.get_chunks_into(keys, outs)
+
+
+def test_a_timed_out_load_is_reported_and_never_written_afterwards(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    gate = _Gate(kv, KEYS[1])
+    paged, memory = paged_kv()
+    loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 0.2, 1)  # type: ignore[arg-type]
+    loader.submit(request([[0, 1], [2, 3]]))
+    assert gate.entered.wait(5)  # chunk 0 written, the read of chunk 1 hangs
+    finished = wait_finished(loader)
+    assert finished.timeouts == 1 and finished.failed_blocks == {2, 3}
+    gate.release.set()  # the tier answers after all
+    time.sleep(0.2)
+    assert torch.equal(memory[:, [0, 1]], chunk_of(1))
+    assert int(memory[:, [2, 3]].sum()) == 0, "a late answer was written into recomputed blocks"
+    assert loader.take_finished().req_ids == set()
+    loader.close()
+
+
+def test_an_empty_load_finishes_at_once(kv: KVCache) -> None:
+    loader, _ = make_loader(kv)
+    loader.submit(RequestIO("aborted", []))  # the request was aborted before its load began
+    assert wait_finished(loader).req_ids == {"aborted"}
+    loader.close()

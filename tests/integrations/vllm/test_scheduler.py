@@ -1,0 +1,180 @@
+"""The scheduler side's decisions, over a real lookup server and vLLM-shaped requests."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from kvstack.integrations.settings import ConnectorSettings
+from kvstack.integrations.vllm.lookup import LookupServer, PrefixAnswer, lookup_endpoint
+from kvstack.integrations.vllm.scheduler import KVStackWorkerMeta, SchedulerSide
+from kvstack.kv.config import KVConfig
+
+CHUNK, BLOCK = 8, 4
+
+
+class Store:
+    """What the worker would answer: how many leading chunks are stored, how many in memory."""
+
+    def __init__(self) -> None:
+        self.stored, self.in_memory = 0, 0
+
+    def __call__(self, keys: Sequence[bytes]) -> PrefixAnswer:
+        found = min(self.stored, len(keys))
+        return PrefixAnswer(found, min(self.in_memory, found))
+
+
+@pytest.fixture
+def store() -> Iterator[tuple[Store, str]]:
+    engine = uuid.uuid4().hex
+    answers = Store()
+    server = LookupServer(lookup_endpoint(engine, 0), answers)
+    yield answers, engine
+    server.close()
+
+
+def side(engine: str, background: bool = False, **settings: Any) -> SchedulerSide:
+    kv = KVConfig(model="m", chunk_size=CHUNK)
+    return SchedulerSide(kv, BLOCK, engine, ConnectorSettings(**settings), (True, True), background)
+
+
+def request(req_id: str, tokens: list[int], preemptions: int = 0) -> Any:
+    return SimpleNamespace(
+        request_id=req_id, prompt_token_ids=list(tokens), all_token_ids=tokens,
+        num_prompt_tokens=len(tokens), lora_request=None, cache_salt=None,
+        num_preemptions=preemptions,
+    )  # fmt: skip
+
+
+Cached = tuple[str, int, "list[int] | None"]  # request id, computed tokens, new block ids
+
+
+def output(new: Sequence[Any] = (), cached: Sequence[Cached] = (), **kw: Any) -> Any:
+    """A SchedulerOutput as the connector reads it."""
+    ids = [c[0] for c in cached]
+    return SimpleNamespace(
+        scheduled_new_reqs=list(new),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=ids, resumed_req_ids=set(kw.get("resumed", ())),
+            new_block_ids=[None if c[2] is None else (c[2],) for c in cached],
+            num_computed_tokens=[c[1] for c in cached],
+        ),
+        num_scheduled_tokens=kw.get("scheduled", {}),
+        scheduled_spec_decode_tokens={},
+        preempted_req_ids=set(kw.get("preempted", ())),
+    )  # fmt: skip
+
+
+def new_req(req_id: str, blocks: list[int], computed: int) -> Any:
+    return SimpleNamespace(req_id=req_id, block_ids=(blocks,), num_computed_tokens=computed)
+
+
+def test_a_load_from_a_slow_tier_is_asynchronous_and_starts_next_step(
+    store: tuple[Store, str],
+) -> None:
+    answers, engine = store
+    answers.stored, answers.in_memory = 3, 1  # chunks 1 and 2 are only on disk
+    s = side(engine)
+    r = request("a", list(range(30)))
+    s.on_new_request(r)
+    assert s.num_new_matched_tokens(r, 0) == (24, True)
+    s.after_alloc(r, list(range(100, 108)), 24)
+    meta = s.build_meta(output())  # the request is not scheduled while it loads
+    assert [io.req_id for io in meta.async_loads] == ["a"] and not meta.loads
+    assert [c.block_ids for c in meta.async_loads[0].chunks] == [[100, 101], [102, 103], [104, 105]]
+    assert s.build_meta(output()).async_loads == []  # started once
+    s.close()
+
+
+def test_a_load_served_from_memory_stays_in_the_step(store: tuple[Store, str]) -> None:
+    answers, engine = store
+    answers.stored = answers.in_memory = 2
+    s = side(engine)
+    r = request("b", list(range(20)))
+    s.on_new_request(r)
+    assert s.num_new_matched_tokens(r, 0) == (16, False)
+    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    meta = s.build_meta(output([new_req("b", [1, 2, 3, 4, 5], 16)], scheduled={"b": 4}))
+    assert [io.req_id for io in meta.loads] == ["b"] and not meta.async_loads
+    assert side(engine, load_mode="async").num_new_matched_tokens(r, 0) == (0, False)  # untracked
+    s.close()
+
+
+def test_an_abort_before_the_load_starts_sends_an_empty_load(store: tuple[Store, str]) -> None:
+    answers, engine = store
+    answers.stored = 2
+    s = side(engine)
+    r = request("c", list(range(20)))
+    s.on_new_request(r)
+    assert s.num_new_matched_tokens(r, 0)[1] is True
+    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    assert s.request_finished(r) is False
+    meta = s.build_meta(output())
+    assert [(io.req_id, io.chunks) for io in meta.async_loads] == [("c", [])]  # vLLM waits for it
+    s.close()
+
+
+def test_generated_chunks_are_saved_and_a_background_copy_holds_the_blocks(
+    store: tuple[Store, str],
+) -> None:
+    _, engine = store
+    s = side(engine, background=True)
+    tokens = list(range(10))
+    r = request("d", tokens)
+    s.on_new_request(r)
+    assert s.num_new_matched_tokens(r, 0) == (0, False)
+    s.after_alloc(r, [1, 2, 3], 0)
+    meta = s.build_meta(output([new_req("d", [1, 2, 3], 0)], scheduled={"d": 10}))
+    assert [c.chunk for io in meta.saves for c in io.chunks] == [0]
+    tokens += [50, 51, 52, 53, 54, 55, 56]  # decode: 16 tokens known, 16 computed after step 3
+    s.build_meta(output(cached=[("d", 10, [4])], scheduled={"d": 1}))
+    meta = s.build_meta(output(cached=[("d", 15, None)], scheduled={"d": 1}))
+    assert [(c.chunk, c.generated) for io in meta.saves for c in io.chunks] == [(1, True)]
+    assert s.request_finished(r) is True  # step 3's copy-out is not known to be over
+    assert s.build_meta(output()).held == ["d"]
+    s.on_worker_output(SimpleNamespace(
+        kv_connector_worker_meta=KVStackWorkerMeta(4), finished_sending={"d"},
+        invalid_block_ids=set(),
+    ))  # fmt: skip
+    assert len(s.take_stats().data["hold_seconds"]) == 1  # type: ignore[union-attr]
+    r2 = request("e", list(range(10)))
+    s.on_new_request(r2)
+    s.after_alloc(r2, [7, 8, 9], 0)
+    s.build_meta(output([new_req("e", [7, 8, 9], 0)], scheduled={"e": 9}))  # step 5 saves
+    s.on_worker_output(SimpleNamespace(
+        kv_connector_worker_meta=KVStackWorkerMeta(5), finished_sending=None,
+        invalid_block_ids=set(),
+    ))  # fmt: skip
+    assert s.request_finished(r2) is False  # its copy-out is over: blocks free at once
+    s.close()
+
+
+def test_a_preempted_request_resumes_from_its_saved_chunks(store: tuple[Store, str]) -> None:
+    answers, engine = store
+    s = side(engine)
+    tokens = list(range(12))
+    r = request("p", tokens)
+    s.on_new_request(r)
+    s.after_alloc(r, [1, 2, 3], 0)
+    s.build_meta(output([new_req("p", [1, 2, 3], 0)], scheduled={"p": 12}))
+    tokens += list(range(100, 110))  # 10 tokens generated (KV of 21 computed); preempted
+    s.build_meta(output(cached=[("p", 12, [4, 5])], scheduled={"p": 9}))
+    answers.stored = answers.in_memory = 2  # chunks 0 and 1 were saved
+    r.num_preemptions = 1
+    assert s.num_new_matched_tokens(r, 0) == (16, False)
+    s.after_alloc(r, [5, 6, 7, 8, 9, 10], 16)
+    meta = s.build_meta(output(cached=[("p", 16, [5, 6, 7, 8, 9, 10])], resumed={"p"},
+                               scheduled={"p": 5}))  # fmt: skip
+    assert [c.chunk for io in meta.loads for c in io.chunks] == [0, 1]
+    stats = s.take_stats()
+    assert stats is not None
+    assert stats.data["preemption_recoveries"] == 1
+    assert stats.data["preemption_recovered_tokens"] == 16
+    assert stats.data["recomputed_tokens"] == 5  # positions 16..20 are computed again
+    s.close()
