@@ -63,3 +63,23 @@ def test_nothing_moves_when_the_thread_uses_every_cpu() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_kvstack_up_can_name_the_background_cpus() -> None:
+    # `kvstack up` reserves cores and says so in KVSTACK_BACKGROUND_CPUS; a bad value is ignored.
+    script = textwrap.dedent(
+        """
+        import os
+        from kvstack.kv import affinity
+
+        usable = sorted(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {usable[0]})
+        os.environ["KVSTACK_BACKGROUND_CPUS"] = str(usable[0])  # not the default (the others)
+        assert affinity.reserve_background_cpus() == {usable[0]}
+        os.environ["KVSTACK_BACKGROUND_CPUS"] = "two"
+        assert affinity.reserve_background_cpus() == set(usable) - {usable[0]}
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

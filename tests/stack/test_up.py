@@ -28,13 +28,16 @@ def write_config(path: Path, run_dir: Path, router_port: int) -> Path:
     return path
 
 
-def kvstack(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def kvstack(
+    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kvstack", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
+        env=None if env is None else {**os.environ, **env},
     )
 
 

@@ -6,7 +6,8 @@ bound thread inherits the binding, so kvstack's disk, network and checksum threa
 time slices from the model on the same core (vLLM's NIXL connector avoids this by moving its
 transfer thread to a reserved core). The worker calls :func:`reserve_background_cpus` once,
 on the CPU build; threads started inside :func:`starting_background_threads`, and pool threads
-that run :func:`enter_background` first, then run on the cores the worker is not bound to.
+that run :func:`enter_background` first, then run on the cores the worker is not bound to, or
+on those ``KVSTACK_BACKGROUND_CPUS`` lists (``kvstack up`` sets it to its reserved cores).
 Elsewhere (GPU engines, tests, tools) nothing changes: there are no background cores.
 """
 
@@ -26,6 +27,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+BACKGROUND_ENV = "KVSTACK_BACKGROUND_CPUS"  # e.g. "14-15": where to run instead (kvstack up)
 _background: frozenset[int] | None = None
 
 
@@ -49,6 +51,14 @@ def _parse_cpu_list(text: str) -> set[int]:
     return cpus
 
 
+def _configured_cpus(text: str, default: frozenset[int]) -> frozenset[int]:
+    try:
+        return frozenset(_parse_cpu_list(text)) & frozenset(_machine_cpus())
+    except ValueError:
+        log.warning("%s=%r is not a CPU list (like 2-3,6); ignored", BACKGROUND_ENV, text)
+        return default
+
+
 def reserve_background_cpus() -> frozenset[int] | None:
     """Background threads go to the CPUs the calling (bound) thread does not use; None when
     it uses them all (nothing to move to) or the platform has no affinity calls."""
@@ -57,6 +67,8 @@ def reserve_background_cpus() -> frozenset[int] | None:
         return None
     bound = os.sched_getaffinity(0)
     spare = frozenset(_machine_cpus() - bound)
+    if os.environ.get(BACKGROUND_ENV):  # the cores `kvstack up` reserved for them
+        spare = _configured_cpus(os.environ[BACKGROUND_ENV], spare)
     _background = spare or None
     if _background:
         log.info("kvstack background threads on CPUs %s (the engine computes on %s)",

@@ -12,6 +12,7 @@ from kvstack.errors import ConfigError, StackError
 from kvstack.section import load_section
 from kvstack.security import load_security
 from kvstack.stack.config import StackConfig
+from kvstack.stack.cores import format_cpu_list
 from kvstack.stack.supervisor import Stack, stop_run_dir
 
 __all__ = ["run"]
@@ -34,8 +35,11 @@ def _up(argv: list[str]) -> int:
     security, _ = load_security(path=args.config)
     stack = Stack(config, Path(args.run_dir) if args.run_dir else None, security)
     stack.start(show_progress=not args.no_progress)
-    for name, url in stack.endpoints().items():
-        print(f"{name:>16}  {url}")
+    for c in stack.components:
+        cores = f"  computes on cores {format_cpu_list(c.cores)}" if c.cores else ""
+        print(f"{c.name:>16}  {c.url}{cores}")
+    if stack.core_plan is not None:
+        print(stack.core_plan.summary())
     print(f"logs in {stack.run_dir / 'logs'}")
     if args.detach:
         stack.processes.clear()  # leave them running; 'kvstack down' reads the state file

@@ -19,6 +19,7 @@ import yaml
 from kvstack.index.urls import zmq_url
 from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.config import StackConfig, StackEngineSpec
+from kvstack.stack.cores import CorePlan, bind_engine, engine_core_plan, replica_names
 from kvstack.stack.secrets import REDIS_PASSWORD_ENV, REDIS_USER, StackSecrets, redis_conf
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
@@ -43,6 +44,9 @@ class Component:
     tokenizer: str | None = None  # what the router tokenizes this engine's prompts with
     lora: dict[str, Any] | None = None  # its entry in lora.engines (without the URL)
     zmq_port: int | None = None  # the index server's ZMQ port
+    routed: bool = True  # an engine behind the router
+    cores: tuple[int, ...] = ()  # the cores a vLLM engine computes on (VLLM_CPU_OMP_THREADS_BIND)
+    cpus: tuple[int, ...] = ()  # the process's CPU affinity; empty: not pinned
 
     @property
     def url(self) -> str:
@@ -100,6 +104,8 @@ def plan_stack(
     redis-server its password (from a 0600 config file, never the command line)."""
     ports = _Ports(config.host)
     out: list[Component] = []
+    cores = engine_core_plan(config)
+    reserved = cores.reserved if cores else ()
     redis_url = ""
     if config.redis is not None:
         port = ports.take(config.redis.port)
@@ -115,27 +121,29 @@ def plan_stack(
             argv += ["--save", "", "--appendonly", "no", "--dir", str(run_dir)]
             redis_url = f"redis://{config.host}:{port}/0"
         out.append(Component("redis", "redis", argv, config.host, port, "redis",
-                             env=large_value_env(),
+                             env=large_value_env(), cpus=reserved,
                              start_timeout_s=config.redis.start_timeout_s))  # fmt: skip
     if config.index is not None:
         port, zmq_port = ports.take(config.index.port), ports.take(config.index.zmq_port)
         argv = [sys.executable, "-m", "kvstack", "index-server", "--host", config.host,
                 "--port", str(port), "--zmq-port", str(zmq_port)]  # fmt: skip
         out.append(Component("index", "index", argv, config.host, port, zmq_port=zmq_port,
+                             cpus=reserved,
                              start_timeout_s=config.index.start_timeout_s))  # fmt: skip
     index_url = next((c.url for c in out if c.kind == "index"), None)
     ctx = _Context(
-        config.host, {"run_dir": str(run_dir.resolve()), "redis_url": redis_url}, index_url
+        config.host, {"run_dir": str(run_dir.resolve()), "redis_url": redis_url}, index_url, cores
     )
     for spec in config.engines:
         model = resolve_model(spec.model) if spec.kind == "vllm" else spec.model
-        for replica in range(spec.replicas):
+        for replica, name in enumerate(replica_names(spec)):
             wanted = None if spec.port is None else spec.port + replica
-            name = spec.name if spec.replicas == 1 else f"{spec.name}-{replica}"
             events = ports.take(None) if spec.kv_events else None
             out.append(_engine(spec, name, model, ports.take(wanted), events, ctx))
     if config.router is not None:
-        out.append(_router(config, out, ports.take(config.router.port), run_dir))
+        router = _router(config, out, ports.take(config.router.port), run_dir)
+        router.cpus = reserved
+        out.append(router)
     if secrets is not None:
         for c in out:
             c.env.update(secrets.component_env())
@@ -149,6 +157,7 @@ class _Context:
     host: str
     expand: dict[str, str]
     index_url: str | None
+    cores: CorePlan | None
 
 
 def _engine(
@@ -158,6 +167,7 @@ def _engine(
     tiers = [t.format(**ctx.expand) for t in spec.connector.tiers] if spec.connector else []
     url = f"http://{ctx.host}:{port}"
     tokenizer: str | None
+    cores: tuple[int, ...] = ()
     if spec.kind == "sim":
         argv = _sim_argv(spec, served or model, ctx.host, port, tiers)
         if events is not None:
@@ -167,12 +177,13 @@ def _engine(
         extra = _connector_extra(spec, url, ctx.index_url)
         argv, env = _vllm_argv(spec, model, served, ctx.host, port, tiers, extra, events)
         tokenizer = model if Path(model).is_dir() else None
+        cores = bind_engine(env, ctx.cores, name, connector=spec.connector is not None)
     if spec.lora is not None and spec.kind == "sim":
         argv += ["--enable-lora", "--max-loras", str(spec.lora.max_loras)]
         argv += ["--max-cpu-loras", str(spec.lora.max_cpu_loras)]
     return Component(name, "engine", argv, ctx.host, port, env=env,
                      start_timeout_s=spec.start_timeout_s, role=spec.role,
-                     model=served or model, tokenizer=tokenizer,
+                     model=served or model, tokenizer=tokenizer, routed=spec.routed, cores=cores,
                      events=None if events is None else f"tcp://{ctx.host}:{events}",
                      lora=_lora_engine(spec, name, served or model, model, ctx))  # fmt: skip
 
@@ -258,7 +269,7 @@ def _router(config: StackConfig, parts: list[Component], port: int, run_dir: Pat
     assert config.router is not None
     section = dict(config.router.config)
     section.update(host=config.host, port=port)
-    engines = [c for c in parts if c.kind == "engine"]
+    engines = [c for c in parts if c.kind == "engine" and c.routed]
     section["backends"] = [{"url": c.url, "name": c.name, "role": c.role} for c in engines]
     prefix = dict(section.get("prefix", {}))
     tokenizers = {c.model: c.tokenizer for c in engines if c.tokenizer}

@@ -17,6 +17,12 @@ A two-engine stack with a shared disk tier behind the router::
 
 Tier URLs may use ``{run_dir}`` and ``{redis_url}``. Ports left out are picked free.
 
+Cores: on vLLM's CPU build every vLLM engine gets its own cores (``VLLM_CPU_OMP_THREADS_BIND``)
+and one core is kept for the router, the index, redis and the connector's threads when there
+are more cores than engines; :mod:`kvstack.stack.cores` has the rule, ``cores:`` the knobs::
+
+      cores: {bind: auto, reserved: 1}   # bind: auto (CPU build only) | on | off
+
 Multi-tenant LoRA: engines with ``lora:`` slots, and a top-level ``lora:`` holding the adapter
 control plane's settings (the ``kvstack.lora`` section: registry, store, trusted keys, tenants,
 budgets). The router then resolves adapter names through the registry and loads adapters into
@@ -35,6 +41,7 @@ from kvstack.section import Section
 
 __all__ = [
     "ConnectorSpec",
+    "CoresSpec",
     "EngineLoRASpec",
     "IndexSpec",
     "RedisSpec",
@@ -87,6 +94,9 @@ class StackEngineSpec(Section):
     lora: EngineLoRASpec | None = Field(
         default=None, description="LoRA adapter slots, driven by the stack's lora control plane"
     )
+    routed: bool = Field(
+        default=True, description="behind the router (false: reached only at its own URL)"
+    )
     args: list[str] = Field(default_factory=list, description="extra engine command-line args")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment")
     start_timeout_s: float = Field(default=600.0, gt=0, description="time to become healthy")
@@ -118,6 +128,23 @@ class RedisSpec(Section):
     start_timeout_s: float = Field(default=30.0, gt=0)
 
 
+class CoresSpec(Section):
+    bind: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="give each vLLM engine its own cores (VLLM_CPU_OMP_THREADS_BIND); auto: "
+        "when vLLM's CPU build is installed",
+    )
+    reserved: int | None = Field(
+        default=None,
+        ge=0,
+        description="cores kept for the router, index, redis and connector threads; None: 1 "
+        "when there are more cores than engines, else 0",
+    )
+    cpus: list[int] | None = Field(
+        default=None, description="CPUs the stack may use; None: the affinity of `kvstack up`"
+    )
+
+
 class StackConfig(Section):
     run_dir: str = Field(default=".kvstack/run", description="logs, state file and local tiers")
     host: str = Field(default="127.0.0.1", description="address every component listens on")
@@ -128,6 +155,7 @@ class StackConfig(Section):
     router: RouterSpec | None = Field(default_factory=RouterSpec, description="None: no router")
     index: IndexSpec | None = Field(default=None, description="cluster KV index service")
     redis: RedisSpec | None = Field(default=None, description="a local redis-server")
+    cores: CoresSpec = Field(default_factory=CoresSpec, description="cores of vLLM CPU engines")
     lora: dict[str, Any] | None = Field(
         default=None,
         description="the router's adapter control plane (the kvstack `lora` section; strings "

@@ -58,12 +58,14 @@ class ManagedProcess:
         log_path: Path,
         env: Mapping[str, str] | None = None,
         cwd: Path | None = None,
+        cpus: Sequence[int] = (),
     ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.env = dict(os.environ if env is None else env)
         self.cwd = cwd
+        self.cpus = frozenset(cpus)  # CPU affinity of the process; empty: inherited
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -82,8 +84,19 @@ class ManagedProcess:
                 cwd=self.cwd,
                 start_new_session=True,
             )
+        self._pin()
         log.info("started %s (pid %d): %s", self.name, self.proc.pid, " ".join(self.argv))
         return self
+
+    def _pin(self) -> None:
+        """Set the CPU affinity right after the start (threads and children started later
+        inherit it; the process has barely begun importing by then)."""
+        if not self.cpus or self.proc is None or not hasattr(os, "sched_setaffinity"):
+            return
+        try:
+            os.sched_setaffinity(self.proc.pid, self.cpus)
+        except OSError as exc:  # CPUs offline or outside the cgroup: run unpinned, say so
+            log.warning("%s: cannot pin to CPUs %s: %s", self.name, sorted(self.cpus), exc)
 
     def wait_healthy(self, url: str, timeout_s: float) -> None:
         try:

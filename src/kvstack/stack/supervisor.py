@@ -16,8 +16,10 @@ import logging
 import os
 import shutil
 import signal
+import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvstack.errors import StackError
@@ -25,6 +27,7 @@ from kvstack.procs import pid_alive
 from kvstack.security import SecurityConfig
 from kvstack.stack.components import Component, plan_stack, port_is_free
 from kvstack.stack.config import StackConfig
+from kvstack.stack.cores import CorePlan, engine_core_plan
 from kvstack.stack.health import healthy
 from kvstack.stack.procs import ManagedProcess, log_tail
 from kvstack.stack.secrets import prepare_secrets
@@ -47,6 +50,7 @@ class Stack:
         self.run_dir = Path(run_dir or config.run_dir)
         self.components: list[Component] = []
         self.processes: dict[str, ManagedProcess] = {}
+        self.core_plan: CorePlan | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, show_progress: bool = True) -> Stack:
@@ -56,6 +60,7 @@ class Stack:
         secrets = prepare_secrets(self.run_dir, self.security)
         self.components = plan_stack(self.config, self.run_dir, secrets)
         self._preflight()
+        self._announce_cores()
         try:
             with _progress(show_progress, self.components) as advance:
                 for wave in _waves(self.components):
@@ -82,10 +87,20 @@ class Stack:
                     "(or 'kvstack[vllm]' on GPUs), or use kind: sim"
                 )
 
+    def _announce_cores(self) -> None:
+        self.core_plan = plan = engine_core_plan(self.config)
+        if plan is None:
+            return
+        log.info("%s", plan.summary())
+        if plan.warning:
+            log.warning("%s", plan.warning)
+            print(f"kvstack: WARNING: {plan.warning}", file=sys.stderr)
+
     def _start_wave(self, wave: list[Component], advance: _Advance) -> None:
         for c in wave:
             env = {**os.environ, **c.env}
-            proc = ManagedProcess(c.name, c.argv, self.run_dir / "logs" / f"{c.name}.log", env=env)
+            log_path = self.run_dir / "logs" / f"{c.name}.log"
+            proc = ManagedProcess(c.name, c.argv, log_path, env=env, cpus=c.cpus)
             self.processes[c.name] = proc.start()
         self._write_state()
         pending = {c.name: c for c in wave}
@@ -111,6 +126,28 @@ class Stack:
     def _failure(self, c: Component, what: str) -> str:
         path = self.run_dir / "logs" / f"{c.name}.log"
         return f"{c.name} {what}\n--- last lines of {path} ---\n{log_tail(path)}"
+
+    def restart(self, names: Sequence[str], show_progress: bool = True) -> None:
+        """Stop the named components and start them again, same ports and settings; returns
+        once they are healthy (their logs continue)."""
+        wave = [c for c in self.components if c.name in names]
+        self.stop_components(names)
+        try:
+            with _progress(show_progress, wave) as advance:
+                self._start_wave(wave, advance)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop_components(self, names: Sequence[str]) -> None:
+        """Stop the named components, leaving the rest running."""
+        procs = [self.processes.pop(name) for name in names if name in self.processes]
+        stoppers = [threading.Thread(target=proc.stop) for proc in procs]  # together: faster
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join()
+        self._write_state()
 
     def stop(self) -> None:
         for name in reversed(list(self.processes)):

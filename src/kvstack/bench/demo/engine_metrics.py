@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-__all__ = ["EngineCacheCounters", "cache_counters"]
+__all__ = ["EngineCacheCounters", "cache_counters", "metric_total"]
 
 _NAMES = {
     "vllm:prefix_cache_queries_total": "queries",
@@ -33,14 +33,22 @@ class EngineCacheCounters:
         return hits / queries if queries > 0 else 0.0
 
 
+def _samples(url: str) -> list[tuple[str, float]]:
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return [(s.name, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+
 def cache_counters(urls: Sequence[str]) -> EngineCacheCounters:
     """The counters of every engine in ``urls``, summed (a blocking scrape of each)."""
     totals = dict.fromkeys(_NAMES.values(), 0.0)
     for url in urls:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in _NAMES:
-                    totals[_NAMES[sample.name]] += sample.value
+        for name, value in _samples(url):
+            if name in _NAMES:
+                totals[_NAMES[name]] += value
     return EngineCacheCounters(**totals)
+
+
+def metric_total(url: str, name: str) -> float:
+    """The sum of one engine's samples called ``name`` (0 when it has none yet)."""
+    return sum(value for sample, value in _samples(url) if sample == name)
