@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from kvstack.cluster.config import PeerServerConfig
 from kvstack.cluster.peer_server import PeerServer
@@ -62,10 +63,12 @@ def test_only_members_get_an_answer(lender: tuple[CPUTier, PeerServer]) -> None:
     ks = keys(2)
     tier.put(ks[0], torch.ones(4, 4))
     address = f"127.0.0.1:{server.port}"
+    auth_refusals = _refusals("auth")
     with pytest.raises(protocol.ProtocolError, match="requires the cluster secret"):
         PeerClient(address, trust=trust(None)).lookup(ks)
     with pytest.raises(protocol.ProtocolError, match="refused this engine's credentials"):
         PeerClient(address, trust=trust(OTHER)).lookup(ks)
+    assert _refusals("auth") >= auth_refusals + 1  # the stranger's wrong proof, counted
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as raw:
         hello = protocol.parse_hello(raw.recv(protocol.HELLO.size, socket.MSG_WAITALL))
         assert hello.auth == protocol.AUTH_CHALLENGE
@@ -156,6 +159,43 @@ def test_connections_are_capped_per_peer_with_a_reason() -> None:
             assert protocol.parse_hello(s.recv(protocol.HELLO.size, socket.MSG_WAITALL)).status == 0
         with pytest.raises(protocol.ProtocolError, match="max_connections_per_peer"):
             PeerClient(f"127.0.0.1:{server.port}").lookup(keys(1))
+    finally:
+        for s in held:
+            s.close()
+        server.stop()
+        tier.close()
+
+
+def _refusals(reason: str) -> float:
+    return REGISTRY.get_sample_value("kvstack_peer_refused_total", {"reason": reason}) or 0.0
+
+
+def test_connections_are_capped_in_total_and_each_refusal_is_counted() -> None:
+    """Clients from one address are many peers to a NAT'ed fleet: the total cap holds whatever
+    the per-peer cap allows, the refusal names the setting and goes to the counter."""
+    tier = CPUTier(1 << 20)
+    config = PeerServerConfig(
+        host="127.0.0.1", port=0, max_connections=3, max_connections_per_peer=10
+    )
+    server = PeerServer([tier], config)
+    server.start_background()
+    held = [socket.create_connection(("127.0.0.1", server.port), timeout=5) for _ in range(3)]
+    before = _refusals("connections")
+    try:
+        for s in held:
+            assert protocol.parse_hello(s.recv(protocol.HELLO.size, socket.MSG_WAITALL)).status == 0
+        with pytest.raises(protocol.ProtocolError, match=r"max_connections\)"):
+            PeerClient(f"127.0.0.1:{server.port}").lookup(keys(1))
+        assert _refusals("connections") == before + 1
+        held.pop().close()  # a slot frees: the next client is served again
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert PeerClient(f"127.0.0.1:{server.port}").lookup(keys(1)) is not None
+                break
+            except protocol.ProtocolError:
+                assert time.monotonic() < deadline, "the freed slot was never reused"
+                time.sleep(0.05)
     finally:
         for s in held:
             s.close()

@@ -232,3 +232,26 @@ def test_keygen_creates_the_private_key_0600_and_never_overwrites(
     assert run("adapters", ["keygen", "--out", str(tmp_path)]) == 1
     assert "never overwrites" in capsys.readouterr().err
     assert (tmp_path / "signing-key.pem").read_bytes() == before
+
+
+def test_promoting_a_version_the_base_model_no_longer_fits_is_refused(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Signed and intact, but the base model changed since it was registered (another hidden
+    size): promote and canary verify compatibility too, before anything is released."""
+    keys = tmp_path / "keys"
+    assert run("adapters", ["keygen", "--out", str(keys)]) == 0
+    src = synthetic_adapter(tmp_path / "sources" / "1", seed=1)
+    assert run("adapters", _register_args(src, "1")) == 0
+    assert run("adapters", ["sign", "bot@1", "--key", str(keys / "signing-key.pem")]) == 0
+    config = tmp_path / "base" / "config.json"
+    fields = json.loads(config.read_text())
+    config.write_text(json.dumps({**fields, "hidden_size": fields["hidden_size"] * 2}))
+    capsys.readouterr()
+    assert run("adapters", ["promote", "bot@1"]) == 1
+    err = capsys.readouterr().err
+    assert "shape_mismatch" in err and "base model toy" in err, err
+    assert run("adapters", ["canary", "bot@1", "--percent", "10"]) == 1
+    config.write_text(json.dumps(fields))  # the base model it was made for: released
+    capsys.readouterr()
+    assert run("adapters", ["promote", "bot@1"]) == 0
