@@ -94,8 +94,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+_START = time.monotonic()
+
+
 def _step(text: str) -> None:
-    print(f"[gpu check] {text}", file=sys.stderr, flush=True)
+    print(f"[gpu check {time.monotonic() - _START:6.1f} s] {text}", file=sys.stderr, flush=True)
 
 
 def _meta(args: argparse.Namespace, argv: list[str], torch: Any) -> dict[str, Any]:
@@ -108,8 +111,9 @@ def _meta(args: argparse.Namespace, argv: list[str], torch: Any) -> dict[str, An
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": args.device,
-        "device_name": torch.cuda.get_device_name(args.device) if cuda else platform.processor()
-        or platform.machine(),
+        "device_name": torch.cuda.get_device_name(args.device)
+        if cuda
+        else platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
     }
 

@@ -78,7 +78,9 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
-def run_check(plan: CheckPlan, root: Path | None, step: Callable[[str], None] = print) -> dict[str, Any]:
+def run_check(
+    plan: CheckPlan, root: Path | None, step: Callable[[str], None] = print
+) -> dict[str, Any]:
     device = torch.device(plan.device)
     step("link peak")
     result: dict[str, Any] = {"plan": _plan_json(plan), "link_peak": _link_peak(plan, device)}
@@ -93,7 +95,9 @@ def run_check(plan: CheckPlan, root: Path | None, step: Callable[[str], None] = 
     kv_shape = Shape("llama-3-8b", 32, 8, 128, 256, torch.bfloat16)
     if len(plan.shapes) == 1 and plan.shapes[0].name == "small":
         kv_shape = Shape("small", 4, 2, 32, plan.chunk_tokens, torch.bfloat16)
-    result["kv_bench"] = measure_device_tiers(kv_shape, plan.kv_bench_chunks, plan.rounds, device, root)
+    result["kv_bench"] = measure_device_tiers(
+        kv_shape, plan.kv_bench_chunks, plan.rounds, device, root
+    )
     return result
 
 
@@ -164,7 +168,7 @@ def _copies(plan: CheckPlan, t: m.Transfer) -> dict[str, Any]:
     try:
         for r in range(plan.rounds + 1):  # round 0 warms up
             m.clear_blocks(t.paged, t.dst_chunks)
-            pairs = [
+            pairs: list[tuple[str, Callable[[], float]]] = [
                 ("torch_d2h", lambda: m.torch_copy(host, dev, side)),
                 ("d2h", lambda: m.connector_d2h(t, out_stream)),
                 ("torch_h2d", lambda: m.torch_copy(dev, host, side)),
@@ -180,8 +184,9 @@ def _copies(plan: CheckPlan, t: m.Transfer) -> dict[str, Any]:
     finally:
         out_stream.close()
         load_stream.close()
-    return {**_copy_figures(t.num_bytes, seconds), "copy_byte_identical": identical,
-            "_transfer_s": statistics.median(seconds["d2h"]) + statistics.median(seconds["h2d"])}  # fmt: skip
+    transfer_s = statistics.median(seconds["d2h"]) + statistics.median(seconds["h2d"])
+    figures = _copy_figures(t.num_bytes, seconds)
+    return {**figures, "copy_byte_identical": identical, "_transfer_s": transfer_s}
 
 
 def _copy_figures(num_bytes: int, seconds: dict[str, list[float]]) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def torch_copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream |
     def copy() -> None:
         with torch.cuda.stream(stream):
             dst.copy_(src, non_blocking=True)
-        stream.synchronize()  # type: ignore[no-untyped-call]
+        stream.synchronize()
 
     return timed(src.device, copy)
 

@@ -42,9 +42,7 @@ class Overlap:
         return statistics.median(self.with_transfer_s) / statistics.median(self.alone_s) - 1
 
 
-def measure_overlap(
-    t: Transfer, transfer_s: float, n: int, iters: int, rounds: int
-) -> Overlap:
+def measure_overlap(t: Transfer, transfer_s: float, n: int, iters: int, rounds: int) -> Overlap:
     """``rounds`` of: the matmuls alone, then with the transfer (``transfer_s``: one copy-out
     and load of the request, measured before) running on the side stream."""
     device = t.paged.device
@@ -74,7 +72,9 @@ def measure_overlap(
     result = Overlap(n, iters, alone, [], repeats, [])
     try:
         for _ in range(rounds):
-            result.with_transfer_s.append(_next_to(device, transfer, started, stream, matmuls, result))
+            result.with_transfer_s.append(
+                _next_to(device, transfer, started, stream, matmuls, result)
+            )
     finally:
         stream.close()
     return result
@@ -113,5 +113,5 @@ def _matmul_seconds(device: torch.device, work: Callable[[], None], synced: bool
     begin.record()
     work()
     end.record()
-    end.synchronize()  # type: ignore[no-untyped-call]
-    return float(begin.elapsed_time(end)) / 1e3  # type: ignore[no-untyped-call]
+    end.synchronize()
+    return float(begin.elapsed_time(end)) / 1e3

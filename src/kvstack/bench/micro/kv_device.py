@@ -71,7 +71,9 @@ def measure_device_tiers(
                 for r in range(rounds + 1):  # round 0 warms up (arena faulted in, pinned)
                     keys = [_key(f"{name}-{r}-{i}") for i in range(num_chunks)]
                     figures = _one_round(cache, keys, chunks, outs, host, stream)
-                    identical &= all(torch.equal(_u8(o), _u8(c)) for o, c in zip(outs, chunks))
+                    identical &= all(
+                        torch.equal(_u8(o), _u8(c)) for o, c in zip(outs, chunks, strict=True)
+                    )
                     for figure, seconds in figures.items():
                         if r:
                             samples.setdefault(f"{name}.{figure}", []).append(total / seconds / 1e9)

@@ -79,7 +79,8 @@ def build_paged(
     gen = torch.Generator(device=device).manual_seed(seed)
     if layout == "per-layer":
         raws = [_random_bytes(num_blocks * page, device, gen) for _ in names]
-        caches = {n: r.view(shape.dtype).view(num_blocks, *block_view) for n, r in zip(names, raws)}
+        views = [r.view(shape.dtype).view(num_blocks, *block_view) for r in raws]
+        caches = dict(zip(names, views, strict=True))
         placements = [_Placement([n], 0, page) for n in names]
     else:
         raw = _random_bytes(num_blocks * shape.num_layers * page, device, gen)
