@@ -44,6 +44,9 @@ def missing_dependencies() -> list[str]:
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     missing = missing_dependencies()
+    if args.list_missing:  # for scripts/gpu-check.sh: what to install from carried wheels
+        print(" ".join(missing))
+        return 0
     if missing:
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         print(
@@ -91,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="where to write the result")
     p.add_argument("--dir", help="directory for the file tier (default: the system temp dir)")
     p.add_argument("--commit", help="the git commit measured (default: git rev-parse HEAD)")
+    p.add_argument("--list-missing", action="store_true", help="print missing distributions")
     return p
 
 

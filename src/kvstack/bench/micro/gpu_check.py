@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,8 @@ def spread(values: list[float]) -> dict[str, Any]:
 def run_check(
     plan: CheckPlan, root: Path | None, step: Callable[[str], None] = print
 ) -> dict[str, Any]:
-    device = torch.device(plan.device)
+    device = m.with_index(torch.device(plan.device))
+    plan = replace(plan, device=str(device))
     step("link peak")
     result: dict[str, Any] = {"plan": _plan_json(plan), "link_peak": _link_peak(plan, device)}
     result["configs"] = []

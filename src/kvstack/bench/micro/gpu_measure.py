@@ -44,6 +44,7 @@ __all__ = [
     "sync",
     "timed",
     "torch_copy",
+    "with_index",
 ]
 
 
@@ -77,6 +78,14 @@ class Transfer:
             [dst[i * per : (i + 1) * per] for i in range(num_chunks)],
             [torch.empty(shape, dtype=torch.uint8, pin_memory=pin) for _ in range(num_chunks)],
         )
+
+
+def with_index(device: torch.device) -> torch.device:
+    """``cuda`` as ``cuda:N`` (the current device): ``torch.cuda.set_device``, which the copy
+    streams call, refuses a CUDA device without an index."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def sync(device: torch.device) -> None:

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from kvstack.bench.micro.gpu_measure import timed, torch_copy
+from kvstack.bench.micro.gpu_measure import timed, torch_copy, with_index
 from kvstack.bench.micro.kv_measure import Shape, kv_like
 from kvstack.kv.cache import KVCache
 from kvstack.kv.config import KVConfig
@@ -33,7 +33,7 @@ def run_device(
     """``kvstack bench kv --device DEVICE``: measure, print, and write ``json_path``."""
     from kvstack.bench.micro.kv import MAIN_SHAPE
 
-    target = torch.device(device)
+    target = with_index(torch.device(device))
     if target.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"kvstack bench kv: --device {device}, but torch sees no CUDA device")
     report = measure_device_tiers(
