@@ -27,9 +27,9 @@ SHAPE = PagedShape("tiny", 3, 2, 8, 4, torch.bfloat16)
 CPU = torch.device("cpu")
 
 
-def transfer(layout: str, dtype: torch.dtype = torch.bfloat16) -> m.Transfer:
+def transfer(layout: str, dtype: torch.dtype = torch.bfloat16) -> m.PagedTransfer:
     alloc = build_paged(SHAPE._replace(dtype=dtype), layout, 20, CPU, seed=1)
-    return m.Transfer.plan(alloc, num_chunks=3, blocks_per_chunk=2)
+    return m.PagedTransfer.plan(alloc, num_chunks=3, blocks_per_chunk=2)
 
 
 def cache(tier: str, tmp_path: Path) -> KVCache:

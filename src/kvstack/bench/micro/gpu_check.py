@@ -133,7 +133,7 @@ def _check_config(
     device = torch.device(plan.device)
     per_chunk, num_chunks = plan.chunk_tokens // shape.block_size, plan.tokens // plan.chunk_tokens
     alloc = build_paged(shape, layout, 2 * num_chunks * per_chunk + 2, device)
-    t = m.Transfer.plan(alloc, num_chunks, per_chunk)
+    t = m.PagedTransfer.plan(alloc, num_chunks, per_chunk)
     copies = _copies(plan, t)
     transfer_s = copies.pop("_transfer_s")
     trips = {tier: _round_trips(plan, t, tier, root) for tier in ("cpu", "file")}
@@ -157,7 +157,7 @@ def _check_config(
     }
 
 
-def _copies(plan: CheckPlan, t: m.Transfer) -> dict[str, Any]:
+def _copies(plan: CheckPlan, t: m.PagedTransfer) -> dict[str, Any]:
     device = t.paged.device
     dev = torch.empty(t.num_bytes, dtype=torch.uint8, device=device)
     host = torch.empty(t.num_bytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
@@ -203,7 +203,7 @@ def _copy_figures(num_bytes: int, seconds: dict[str, list[float]]) -> dict[str, 
     return out
 
 
-def _round_trips(plan: CheckPlan, t: m.Transfer, tier: str, root: Path | None) -> dict[str, Any]:
+def _round_trips(plan: CheckPlan, t: m.PagedTransfer, tier: str, root: Path | None) -> dict[str, Any]:
     cuda = t.paged.device.type == "cuda"
     size_mib = 2 * t.num_bytes // 2**20 + 8
     with tempfile.TemporaryDirectory(prefix="kvstack-gpu-check-", dir=root) as tmp:

@@ -33,7 +33,7 @@ from kvstack.kv.tensors import torch
 
 __all__ = [
     "RoundTrip",
-    "Transfer",
+    "PagedTransfer",
     "clear_blocks",
     "connector_d2h",
     "connector_h2d",
@@ -49,7 +49,7 @@ __all__ = [
 
 
 @dataclass
-class Transfer:
+class PagedTransfer:
     """One request's blocks and the host staging the connector copies them through."""
 
     paged: PagedKV
@@ -62,7 +62,7 @@ class Transfer:
         return sum(s.numel() for s in self.staging)
 
     @classmethod
-    def plan(cls, alloc: PagedAllocation, num_chunks: int, blocks_per_chunk: int) -> Transfer:
+    def plan(cls, alloc: PagedAllocation, num_chunks: int, blocks_per_chunk: int) -> PagedTransfer:
         """Source blocks interleaved with destination blocks, as a busy block pool hands out."""
         paged = alloc.paged
         if 2 * num_chunks * blocks_per_chunk > paged.num_blocks:
@@ -93,7 +93,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def copy_out_work(t: Transfer) -> Callable[[], None]:
+def copy_out_work(t: PagedTransfer) -> Callable[[], None]:
     """SaveQueue's copy-out of the request (its ``_copy_layers``: layer by layer, every chunk)."""
     indexes = [t.paged.block_index(ids) for ids in t.src_chunks]
 
@@ -105,7 +105,7 @@ def copy_out_work(t: Transfer) -> Callable[[], None]:
     return copy_out
 
 
-def load_work(t: Transfer) -> Callable[[], None]:
+def load_work(t: PagedTransfer) -> Callable[[], None]:
     """AsyncLoader's write of staged chunks into the destination blocks (``scatter_chunk``)."""
     chunks = [ChunkIO(i, (b"",), ids) for i, ids in enumerate(t.dst_chunks)]
 
@@ -116,12 +116,12 @@ def load_work(t: Transfer) -> Callable[[], None]:
     return load
 
 
-def connector_d2h(t: Transfer, stream: CopyStream) -> float:
+def connector_d2h(t: PagedTransfer, stream: CopyStream) -> float:
     work = copy_out_work(t)
     return timed(t.paged.device, lambda: stream.submit(work).wait())
 
 
-def connector_h2d(t: Transfer, stream: CopyStream) -> float:
+def connector_h2d(t: PagedTransfer, stream: CopyStream) -> float:
     work = load_work(t)
     return timed(t.paged.device, lambda: stream.submit(work).wait())
 
@@ -162,7 +162,7 @@ class RoundTrip:
     byte_identical: bool
 
 
-def round_trip(t: Transfer, cache: KVCache, tag: str) -> RoundTrip:
+def round_trip(t: PagedTransfer, cache: KVCache, tag: str) -> RoundTrip:
     """Store the request's chunks through the connector's save path, load them into the
     destination blocks through its load path, and compare the bytes."""
     device, shape = t.paged.device, t.paged.layout.chunk_shape(len(t.src_chunks[0]))

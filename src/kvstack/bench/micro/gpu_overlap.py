@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvstack.bench.micro.gpu_measure import Transfer, copy_out_work, load_work, sync
+from kvstack.bench.micro.gpu_measure import PagedTransfer, copy_out_work, load_work, sync
 from kvstack.integrations.vllm.streams import Completion, CopyStream, make_stream
 from kvstack.kv.tensors import torch
 
@@ -42,7 +42,7 @@ class Overlap:
         return statistics.median(self.with_transfer_s) / statistics.median(self.alone_s) - 1
 
 
-def measure_overlap(t: Transfer, transfer_s: float, n: int, iters: int, rounds: int) -> Overlap:
+def measure_overlap(t: PagedTransfer, transfer_s: float, n: int, iters: int, rounds: int) -> Overlap:
     """``rounds`` of: the matmuls alone, then with the transfer (``transfer_s``: one copy-out
     and load of the request, measured before) running on the side stream."""
     device = t.paged.device

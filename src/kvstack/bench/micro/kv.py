@@ -75,7 +75,7 @@ def run(argv: list[str]) -> int:
     if args.device:
         from kvstack.bench.micro.kv_device import run_device
 
-        return run_device(args.device, args.quick, args.rounds, args.dir, args.json)
+        return run_device(MAIN_SHAPE, args.device, args.quick, args.rounds, args.dir, args.json)
     require("rich", "bench")  # the progress display and tables; names the extra if missing
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
