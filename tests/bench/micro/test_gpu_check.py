@@ -155,3 +155,13 @@ def test_the_check_names_missing_wheels(
     assert script.main(["--device", "cpu"]) == 3
     err = capsys.readouterr().err
     assert "missing no-such-wheel for Python" in err and "pip download" in err
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="checks the message on a machine without CUDA"
+)
+def test_bench_kv_device_cuda_without_cuda_says_so() -> None:
+    from kvstack.bench.micro import kv
+
+    with pytest.raises(SystemExit, match="torch sees no CUDA device"):
+        kv.run(["--device", "cuda"])

@@ -203,7 +203,9 @@ def _copy_figures(num_bytes: int, seconds: dict[str, list[float]]) -> dict[str, 
     return out
 
 
-def _round_trips(plan: CheckPlan, t: m.PagedTransfer, tier: str, root: Path | None) -> dict[str, Any]:
+def _round_trips(
+    plan: CheckPlan, t: m.PagedTransfer, tier: str, root: Path | None
+) -> dict[str, Any]:
     cuda = t.paged.device.type == "cuda"
     size_mib = 2 * t.num_bytes // 2**20 + 8
     with tempfile.TemporaryDirectory(prefix="kvstack-gpu-check-", dir=root) as tmp:

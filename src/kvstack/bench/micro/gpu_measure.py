@@ -32,8 +32,8 @@ from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import torch
 
 __all__ = [
-    "RoundTrip",
     "PagedTransfer",
+    "RoundTrip",
     "clear_blocks",
     "connector_d2h",
     "connector_h2d",
@@ -168,7 +168,8 @@ def round_trip(t: PagedTransfer, cache: KVCache, tag: str) -> RoundTrip:
     device, shape = t.paged.device, t.paged.layout.chunk_shape(len(t.src_chunks[0]))
     keys = [_key(f"{tag}-{i}") for i in range(len(t.src_chunks))]
     clear_blocks(t.paged, t.dst_chunks)
-    saves = SaveQueue(cache, shape, 0, make_stream(device, True, "kvstack-copy-out"), True)
+    out_stream = make_stream(device, True, "kvstack-copy-out")
+    saves = SaveQueue(cache, shape, 0, out_stream, True)
     loads = SyncLoader(cache, shape, 0, make_stream(device, False, "kvstack-layers"), False)
     try:
         save = RequestIO(f"{tag}-save", _chunks(keys, t.src_chunks))
@@ -185,6 +186,7 @@ def round_trip(t: PagedTransfer, cache: KVCache, tag: str) -> RoundTrip:
         retrieve_s = time.perf_counter() - start
     finally:
         saves.close()
+        out_stream.close()
     same = pages_equal(t.paged, t.src_chunks, t.dst_chunks)
     return RoundTrip(store_s, retrieve_s, stored, result.loaded_blocks, same)
 

@@ -42,7 +42,9 @@ class Overlap:
         return statistics.median(self.with_transfer_s) / statistics.median(self.alone_s) - 1
 
 
-def measure_overlap(t: PagedTransfer, transfer_s: float, n: int, iters: int, rounds: int) -> Overlap:
+def measure_overlap(
+    t: PagedTransfer, transfer_s: float, n: int, iters: int, rounds: int
+) -> Overlap:
     """``rounds`` of: the matmuls alone, then with the transfer (``transfer_s``: one copy-out
     and load of the request, measured before) running on the side stream."""
     device = t.paged.device

@@ -2,8 +2,8 @@
 
 ``KVCache.put_chunks`` of device tensors into a ``cpu://`` tier (pinned with ``pin_memory=true``
 on CUDA) and a ``file://`` tier, and ``get_chunks_into`` device tensors, on the chunk shape of
-``kvstack bench kv`` (Llama-3-8B, 32 MiB chunks). The reference, measured in the same rounds over the
-same bytes: PyTorch's own pinned ``copy_(non_blocking=True)`` device-to-host (store) and
+``kvstack bench kv`` (Llama-3-8B, 32 MiB chunks). The reference, measured in the same rounds
+over the same bytes: PyTorch's own pinned ``copy_(non_blocking=True)`` device-to-host (store) and
 host-to-device (retrieve). Every retrieve is compared byte for byte with what was stored.
 ``--device cpu`` runs the same code on CPU tensors (the reference is then a memcpy).
 """
@@ -36,9 +36,9 @@ def run_device(
     json_path: str | None,
 ) -> int:
     """``kvstack bench kv --device DEVICE``: measure, print, and write ``json_path``."""
-    target = with_index(torch.device(device))
-    if target.type == "cuda" and not torch.cuda.is_available():
+    if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"kvstack bench kv: --device {device}, but torch sees no CUDA device")
+    target = with_index(torch.device(device))
     report = measure_device_tiers(
         shape, 3 if quick else 8, rounds or (2 if quick else 6), target,
         Path(root) if root else None,
