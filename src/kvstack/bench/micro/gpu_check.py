@@ -27,6 +27,7 @@ from typing import Any
 
 from kvstack.bench.micro import gpu_measure as m
 from kvstack.bench.micro.gpu_overlap import measure_overlap
+from kvstack.bench.micro.kv import MAIN_SHAPE
 from kvstack.bench.micro.kv_device import measure_device_tiers
 from kvstack.bench.micro.kv_measure import Shape
 from kvstack.bench.micro.paged_layouts import LAYOUTS, PagedShape, build_paged
@@ -58,14 +59,16 @@ class CheckPlan:
     matmul_iters: int
     overlap_rounds: int
     link_bytes: int
+    kv_bench_shape: Shape  # kvstack bench kv --device: its chunk shape and count
     kv_bench_chunks: int
 
 
 def plan_for(device: str, small: bool) -> CheckPlan:
     """The full check on a GPU (under 3 minutes on one H200), or small shapes for CI."""
     if small:
-        return CheckPlan(device, SMALL_SHAPES, 256, 64, 2, 1, 128, 4, 1, 8 << 20, 2)
-    return CheckPlan(device, SHAPES, 4096, 256, 7, 3, 8192, 40, 3, 1 << 30, 8)
+        small_kv = Shape("small", 4, 2, 32, 64, torch.bfloat16)
+        return CheckPlan(device, SMALL_SHAPES, 256, 64, 2, 1, 128, 4, 1, 8 << 20, small_kv, 2)
+    return CheckPlan(device, SHAPES, 4096, 256, 7, 3, 8192, 40, 3, 1 << 30, MAIN_SHAPE, 8)
 
 
 def spread(values: list[float]) -> dict[str, Any]:
@@ -93,11 +96,8 @@ def run_check(
                 config = _check_config(plan, shape._replace(dtype=dtype), layout, root)
                 result["configs"].append({"dtype": dtype_name, **config})
     step("kvstack bench kv on the device")
-    kv_shape = Shape("llama-3-8b", 32, 8, 128, 256, torch.bfloat16)
-    if len(plan.shapes) == 1 and plan.shapes[0].name == "small":
-        kv_shape = Shape("small", 4, 2, 32, plan.chunk_tokens, torch.bfloat16)
     result["kv_bench"] = measure_device_tiers(
-        kv_shape, plan.kv_bench_chunks, plan.rounds, device, root
+        plan.kv_bench_shape, plan.kv_bench_chunks, plan.rounds, device, root
     )
     return result
 
@@ -107,6 +107,8 @@ def _plan_json(plan: CheckPlan) -> dict[str, Any]:
     out["shapes"] = [
         {**s._asdict(), "dtype": str(s.dtype), "page_bytes": s.page_bytes} for s in plan.shapes
     ]
+    kv = plan.kv_bench_shape
+    out["kv_bench_shape"] = {**kv._asdict(), "dtype": str(kv.dtype), "chunk_bytes": kv.chunk_bytes}
     return out
 
 
