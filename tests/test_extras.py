@@ -355,3 +355,16 @@ def test_epp_alone_answers_ext_proc(blocker: Path) -> None:
     assert done.returncode == 0, done.stderr
     # The only backend is unreachable: the answer is GIE's 503 as an immediate response.
     assert done.stdout.strip() == "immediate_response", done.stdout
+
+
+def test_the_gpu_check_runs_with_kv_alone_and_without_vllm(blocker: Path, tmp_path: Path) -> None:
+    """The GPU machine has PyTorch and the wheels carried for core and kv, nothing else."""
+    blocked = blocked_except("kv") | {"vllm"}
+    out = tmp_path / "check.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/gpu/check.py"), "--device", "cpu",
+         "--json", str(out), "--dir", str(tmp_path)],
+        env=env_blocking(blocker, blocked), capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(out.read_text())["byte_identical"]

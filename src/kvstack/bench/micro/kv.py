@@ -1,5 +1,5 @@
 """``kvstack bench kv [--json FILE] [--quick] [--dir DIR] [--rounds N] [--threads N] [--clock C]
-[--shared] [--s3]``
+[--shared] [--s3] [--device D]``
 
 Store and retrieve throughput of each KV tier in GB/s on the chunk shape of Llama-3-8B (32
 layers, 8 KV heads, head dim 128, bf16: 32 MiB per 256-token chunk) and of a small model, against
@@ -18,7 +18,8 @@ a temporary directory; the figures describe that filesystem). ``--clock cpu`` ti
 process's CPU time instead of elapsed time (see :data:`kvstack.bench.micro.kv_measure.CLOCKS`).
 ``--shared`` adds the shared tiers of the same run — Redis batched get and peer fetch of
 32 MiB chunks against loopback TCP (``--s3``: and S3 on moto's server), as ``kvstack bench
-shared`` measures them — under ``"shared"`` in the JSON.
+shared`` measures them — under ``"shared"`` in the JSON. ``--device cuda`` measures instead the
+store and retrieve of chunks on the GPU (:mod:`kvstack.bench.micro.kv_device`).
 """
 
 from __future__ import annotations
@@ -71,6 +72,10 @@ LOOKUP_BAR_MS = 5.0
 
 def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    if args.device:
+        from kvstack.bench.micro.kv_device import run_device
+
+        return run_device(MAIN_SHAPE, args.device, args.quick, args.rounds, args.dir, args.json)
     require("rich", "bench")  # the progress display and tables; names the extra if missing
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -146,6 +151,11 @@ def _parser() -> argparse.ArgumentParser:
         help="also the shared tiers: Redis and peer against loopback TCP (needs redis-server)",
     )
     p.add_argument("--s3", action="store_true", help="with --shared: also S3 on moto's server")
+    p.add_argument(
+        "--device",
+        help="store and retrieve chunks that live on this torch device (cuda, cuda:1; cpu runs "
+        "the same path on CPU tensors) against PyTorch's pinned copy (kv_device)",
+    )
     return p
 
 
