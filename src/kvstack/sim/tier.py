@@ -34,11 +34,22 @@ class TierLink:
 
     @classmethod
     def from_config(cls, config: SimConfig) -> TierLink:
+        from pydantic import ValidationError
+
+        from kvstack.errors import ConfigError
         from kvstack.kv.cache import KVCache
         from kvstack.kv.config import KVConfig
         from kvstack.security import load_security
 
-        kv = KVConfig(model=config.model, chunk_size=config.kv_chunk_size, tiers=config.kv_tiers)
+        try:
+            kv = KVConfig(
+                model=config.model, chunk_size=config.kv_chunk_size, tiers=config.kv_tiers
+            )
+        except ValidationError as exc:  # the tiers are the sim section's kv_tiers (--kv-tiers)
+            problems = "; ".join(str(err["msg"]) for err in exc.errors())
+            raise ConfigError(
+                f"sim.kv_tiers (--kv-tiers, KVSTACK_SIM_KV_TIERS): {problems}"
+            ) from None
         # the cluster secret (KVSTACK_SECURITY_*, as `kvstack up` passes it): sealed chunks
         return cls(KVCache(kv, keys=load_security()[1]))
 
