@@ -278,6 +278,9 @@ class AdapterLoader:
         start: float,
     ) -> None:
         self.metrics.load_failure(adapter.adapter_id, exc.reason, self.protected(adapter))
+        log.warning(  # the request then gets a 404 or 503: say here why the adapter is skipped
+            "not serving adapter %s on %s: %s", adapter.engine_name, eng.spec.url, exc
+        )
         await self._audit(eng, adapter, "load", "reject", str(exc), self.clock() - start)
 
     async def _audit(
