@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstack.log import IncidentLogger
+from kvstack.lora import loader
 from kvstack.lora.decision import FALLBACK_HEADER, Action
 from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.upkeep import ReconcileReport, reconcile, sweep, sync_releases
@@ -190,8 +192,11 @@ async def test_new_version_loads_beside_old_and_old_retires(
 
 
 async def test_tampered_store_never_reaches_engine(
-    make_setup: Callable[..., Setup], caplog: pytest.LogCaptureFixture
+    make_setup: Callable[..., Setup],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(loader, "incidents", IncidentLogger(loader.log))  # none suppressed yet
     s = make_setup()
     a = s.add("acme-support")
     stored = Path(s.plane.store.root) / a.sha256 / "adapter_model.safetensors"  # type: ignore[attr-defined]
