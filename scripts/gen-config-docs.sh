@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
   echo "Generated from the config schema by \`kvstack config reference\`; do not edit by hand."
   echo "Every key can be set in the YAML file named by \`KVSTACK_CONFIG\` (or \`--config\`), and"
   echo "overridden by an environment variable \`KVSTACK_<SECTION>_<KEY>\` (nested keys joined with"
-  echo "\`__\`, e.g. \`KVSTACK_ROUTER_HEALTH__INTERVAL_S=2\`). Unknown keys are errors."
+  echo "\`__\`, e.g. \`KVSTACK_ROUTER_HEALTH__INTERVAL_S=2\`). Lists, objects, quoted strings and"
+  echo "\`null\` in a variable are JSON (\`KVSTACK_KV_TIERS='[\"cpu://?size=1GiB\"]'\`); anything else"
+  echo "is converted by the key's type. Unknown keys and unknown top-level sections are errors; an"
+  echo "error names the file and key, or the variable, that set the value."
   echo
   "${KVSTACK_VENV:-.venv}/bin/python" -m kvstack config reference
 } > docs/configuration.md

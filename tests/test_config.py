@@ -8,13 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from kvstack.config import KVStackConfig, load_config, load_section, log_config_once
+from kvstack.config import (
+    SECTION_NAMES,
+    KVStackConfig,
+    load_config,
+    load_section,
+    log_config_once,
+)
 from kvstack.errors import ConfigError, KVStackError, MissingExtraError, require
 from kvstack.kv.config import KVConfig
 from kvstack.log import IncidentLogger, setup_logging
 from kvstack.metrics import counter, gauge, registered_metric_names
 from kvstack.registry import Registry
-from kvstack.section import format_size, parse_size
+from kvstack.section import SECTIONS, format_size, parse_size
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -66,11 +72,12 @@ def test_nested_keys_with_double_underscore(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("data", "env", "problem"),
     [
-        ({"chunk_sise": 256}, {}, r"kv\.chunk_sise: Extra inputs are not permitted"),
-        ({}, {"KVSTACK_KV_COLOUR": "red"}, r"kv\.colour"),
+        ({"chunk_sise": 256}, {}, r"kv\.chunk_sise: unknown key; did you mean 'chunk_size'\?"),
+        ({}, {"KVSTACK_KV_COLOUR": "red"}, r"environment variable KVSTACK_KV_COLOUR: unknown key"),
         ({"model_shape": {"num_layers": 2, "heads": 1}}, {}, r"kv\.model_shape\.heads"),
         ({"chunk_size": 0}, {}, r"kv\.chunk_size: Input should be greater than 0 \(got 0\)"),
-        ({}, {"KVSTACK_KV_CHUNK_SIZE": "lots"}, r"kv\.chunk_size.*\(got 'lots'\)"),
+        ({}, {"KVSTACK_KV_CHUNK_SIZE": "lots"}, r"KVSTACK_KV_CHUNK_SIZE: .*\(got 'lots'\)"),
+        ({}, {"KVSTACK_KV_TIERS": "cpu://"}, r"KVSTACK_KV_TIERS: .*environment variables are JSON"),
         ({"tiers": ["cpu://?size=1GiB", "nfs://x"]}, {}, "unknown tier scheme 'nfs'"),
         ({"tiers": "cpu://"}, {}, r"kv\.tiers: Input should be a valid list"),
     ],
@@ -82,9 +89,27 @@ def test_bad_values_and_unknown_keys(
         load_section("kv", KVConfig, data, env=env)
 
 
+def test_errors_name_the_file_and_key_or_the_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "kv:\n  chunk_size: 0\n  model: m\n")
+    with pytest.raises(ConfigError, match=rf"{path}: kv\.chunk_size: Input should be greater"):
+        load_section("kv", KVConfig, path=path, env={})
+    env = {"KVSTACK_KV_CHUNK_SIZE": "-1"}  # the variable wins over the file, and is named
+    with pytest.raises(ConfigError, match=r"variable KVSTACK_KV_CHUNK_SIZE: Input") as caught:
+        load_config(path, env=env)
+    assert "kv.chunk_size" not in str(caught.value)
+    with pytest.raises(ConfigError, match=r"^invalid configuration: kv\.chunk_size: "):
+        load_section("kv", KVConfig, {"chunk_size": 0}, path=path, env={})  # given in code
+
+
+def test_the_sections_list_is_the_trees() -> None:
+    assert SECTIONS == SECTION_NAMES
+
+
 def test_unknown_sections_and_bad_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"config\.kvv"):
+    with pytest.raises(ConfigError, match=r"unknown top-level section 'kvv'; did you mean 'kv'"):
         load_config(write(tmp_path, "kvv: {}\n"), env={})
+    with pytest.raises(ConfigError, match=r"unknown top-level section 'routr'"):  # every loader
+        load_section("kv", KVConfig, path=write(tmp_path, "routr: {}\n"), env={})
     with pytest.raises(ConfigError, match="is not valid YAML"):
         load_config(write(tmp_path, "kv: [unclosed\n"), env={})
     with pytest.raises(ConfigError, match="must hold a mapping at the top level"):

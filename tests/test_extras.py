@@ -36,6 +36,9 @@ IMPORT_NAME = {
     "grpcio-health-checking": "grpc_health",
     "xds-protos": "envoy",
     "protobuf": "google",  # google.protobuf: not blocked (vLLM and others bring it)
+    "helm-python-sdk": "helm_python",
+    "cloudcoil-models-keda": "cloudcoil",
+    "cloudcoil-models-prometheus-operator": "cloudcoil",
 }
 # modules an extra lists that the blocker leaves importable (a namespace many packages share)
 NOT_BLOCKED = {"google"}
@@ -306,6 +309,7 @@ def _toy_dims() -> dict[str, int]:
         (["sim-engine", "--port", "1"], "server"),
         (["adapters", "list"], "lora"),
         (["epp", "--backend", "http://127.0.0.1:1"], "epp"),
+        (["deploy", "render"], "deploy"),
     ],
 )
 def test_a_missing_extra_is_one_line_naming_it(blocker: Path, argv: list[str], extra: str) -> None:
@@ -318,6 +322,16 @@ def test_a_missing_extra_is_one_line_naming_it(blocker: Path, argv: list[str], e
     assert "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]  # after the component's own log lines, if any
     assert last.startswith(f"kvstack {argv[0]}: ") and f"kvstack[{extra}]" in last, done.stderr
+
+
+def test_deploy_render_and_validate_with_the_deploy_extra_alone(blocker: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstack", "deploy", "render", "--validate"],
+        env=env_blocking(blocker, blocked_except("deploy")),
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "kind: Deployment" in done.stdout and " 0 problems" in done.stderr
 
 
 EPP_ALONE = """

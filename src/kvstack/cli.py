@@ -2,18 +2,23 @@
 so ``kvstack router`` never imports torch and ``kvstack --help`` is instant.
 
 A subcommand module exposes ``run(command: str, argv: list[str]) -> int``.
+
+Errors a user can fix (kvstack's own, config validation, a server that is not there) end as one
+line on stderr naming the cause and the fix; ``--debug`` (or ``KVSTACK_DEBUG=1``) shows the
+traceback instead.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from kvstack import __version__
-from kvstack.errors import MissingExtraError
+from kvstack.errors import ConfigError, KVStackError, MissingExtraError
 from kvstack.extras import extra_for, missing_extra
 
-__all__ = ["main"]
+__all__ = ["main", "one_line_error"]
 
 # command -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -42,11 +47,57 @@ def _usage() -> str:
     lines = [f"usage: kvstack <command> [options]   (kvstack {__version__})", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
     lines += ["", "Run 'kvstack <command> --help' for a command's options."]
+    lines += ["--debug (or KVSTACK_DEBUG=1) shows the traceback of an error."]
     return "\n".join(lines)
+
+
+def one_line_error(exc: BaseException) -> str | None:
+    """The error as one line with its cause and fix; None for a bug (shown as a traceback)."""
+    if isinstance(exc, ConfigError):
+        return f"{exc}; see 'kvstack config reference' for the keys"
+    if isinstance(exc, KVStackError):
+        return str(exc)
+    if _is_validation_error(exc):
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+            for err in exc.errors()  # type: ignore[attr-defined]
+        )
+        return f"invalid configuration: {problems}"
+    target = _connect_target(exc)
+    if target is not None:
+        return f"cannot connect to {target}: connection refused; is the server up at that URL?"
+    return None
+
+
+def _is_validation_error(exc: BaseException) -> bool:
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(exc, pydantic.ValidationError)
+
+
+def _connect_target(exc: BaseException) -> str | None:
+    """The address a refused connection went to (httpx, aiohttp or a plain socket)."""
+    httpx = sys.modules.get("httpx")
+    if httpx is not None and isinstance(exc, httpx.ConnectError):
+        try:
+            return str(exc.request.url)
+        except RuntimeError:  # raised without a request
+            return str(exc)
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientConnectorError):
+        return f"{exc.host}:{exc.port}"
+    if isinstance(exc, ConnectionRefusedError):
+        return str(exc.filename or exc.strerror or exc)
+    return None
+
+
+def _wants_debug(args: list[str]) -> bool:
+    return "--debug" in args or os.environ.get("KVSTACK_DEBUG", "") in ("1", "true", "yes")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    debug = _wants_debug(args)
+    args = [a for a in args if a != "--debug"]
     if not args or args[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0 if args else 2
@@ -71,4 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"kvstack {command}: {missing_extra(exc, f'kvstack {command}')}", file=sys.stderr)
         return 2
+    except Exception as exc:  # the process boundary: one line for what the user can fix
+        line = one_line_error(exc)
+        if line is None or debug:
+            raise
+        print(f"kvstack {command}: {line} (--debug shows the traceback)", file=sys.stderr)
+        return 1
     return result

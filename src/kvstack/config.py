@@ -21,7 +21,9 @@ from kvstack.lora.config import LoRAConfig
 from kvstack.router.config import RouterConfig
 from kvstack.router.epp.config import EppConfig
 from kvstack.section import (
+    CONFIG_ENV,
     Section,
+    ValueOrigins,
     deep_merge,
     env_overrides,
     format_size,
@@ -71,6 +73,8 @@ def load_config(
 ) -> KVStackConfig:
     """Load the whole tree from a YAML file, a dict and the environment (in that order)."""
     env = os.environ if env is None else env
-    merged = deep_merge(read_config_file(path, env), dict(data or {}))
+    file_tree = read_config_file(path, env)
+    merged = deep_merge(file_tree, dict(data or {}))
     merged = deep_merge(merged, env_overrides(env, SECTION_NAMES))
-    return validate_section(KVStackConfig, merged, "config")
+    origins = ValueOrigins.of(path or env.get(CONFIG_ENV), file_tree, data, env, SECTION_NAMES)
+    return validate_section(KVStackConfig, merged, "config", origins)

@@ -47,6 +47,9 @@ EXTRA_OF_MODULE: dict[str, str] = {
     "transformers": "hf",
     "tokenizers": "hf",
     "vllm": "vllm",
+    "helm_python": "deploy",
+    "kubernetes_validate": "deploy",
+    "cloudcoil": "deploy",
 }
 
 

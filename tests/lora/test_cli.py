@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -68,6 +69,8 @@ def test_release_cycle(
             "gold",
         )
         assert out.startswith(f"registered acme-support@{version}")
+        if version == "v1":  # active, but the registry requires a signature to serve it
+            assert "(active, unsigned: not served until signed" in out
         cli("sign", f"acme-support@{version}", "--key", str(tmp_path / "keys" / "signing-key.pem"))
     assert "verified acme-support@v2" in cli("verify", "acme-support@v2")
     listing = cli("list")
@@ -78,7 +81,9 @@ def test_release_cycle(
     assert json.loads(cli("disable", "acme-support@v2"))["stable_version"] == "v1"
     shown = json.loads(cli("show", "acme-support"))
     assert [v["status"] for v in shown["versions"]] == ["active", "disabled"]
+    assert re.search(r"acme-support@v1 .* 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listing)
     audit = cli("audit", "acme-support")
+    assert re.match(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", audit)  # ISO-8601, not epoch
     for action in ("register", "sign", "verify", "canary", "promote", "rollback", "disable"):
         assert action in audit
 

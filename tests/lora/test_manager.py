@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstack.log import IncidentLogger
+from kvstack.lora import loader
 from kvstack.lora.decision import FALLBACK_HEADER, Action
 from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.upkeep import ReconcileReport, reconcile, sweep, sync_releases
@@ -189,7 +191,12 @@ async def test_new_version_loads_beside_old_and_old_retires(
     assert s.manager.metrics.invariants["wrong_version"] == 0
 
 
-async def test_tampered_store_never_reaches_engine(make_setup: Callable[..., Setup]) -> None:
+async def test_tampered_store_never_reaches_engine(
+    make_setup: Callable[..., Setup],
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(loader, "incidents", IncidentLogger(loader.log))  # none suppressed yet
     s = make_setup()
     a = s.add("acme-support")
     stored = Path(s.plane.store.root) / a.sha256 / "adapter_model.safetensors"  # type: ignore[attr-defined]
@@ -200,6 +207,8 @@ async def test_tampered_store_never_reaches_engine(make_setup: Callable[..., Set
     entry = s.plane.audit.entries(action="load", limit=1)[0]
     assert entry.decision == "reject" and entry.reason.startswith("digest_mismatch")
     assert s.manager.residency(URL, a.engine_name) is ResidencyTier.COLD
+    said = [r.getMessage() for r in caplog.records if r.name == "kvstack.lora.loader"]
+    assert any(f"not serving adapter {a.engine_name}" in m and "digest_mismatch" in m for m in said)
 
 
 async def test_wrong_version_answer_is_counted(make_setup: Callable[..., Setup]) -> None:

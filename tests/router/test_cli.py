@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -94,3 +98,22 @@ def test_production_stack_flags_without_an_equivalent_say_why(
 ) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_args(argv)
+
+
+def test_ready_is_logged_only_once_the_port_is_bound() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        argv = [sys.executable, "-m", "kvstack", "router", "--host", "127.0.0.1", "--port", port]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTACK_")}
+        result = subprocess.run(
+            [*argv, "--backend", "http://127.0.0.1:9"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
+    assert result.returncode != 0
+    assert "address already in use" in result.stderr.lower()
+    assert "router ready" not in result.stderr

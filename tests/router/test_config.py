@@ -34,7 +34,7 @@ SRC = Path(kvstack.__file__).resolve().parent
             {"models": [{"name": "a", "targets": [{"model": "x"}]}], "model_aliases": {"a": "y"}},
             "both as route and alias",
         ),
-        ({"unknown_key": 1}, "Extra inputs are not permitted"),
+        ({"unknown_key": 1}, "unknown_key: unknown key"),
     ],
 )
 def test_config_errors_name_the_value(data: dict, message: str) -> None:

@@ -85,6 +85,14 @@ def test_openai_client_streams_and_not(fleet: SimFleet) -> None:
     assert ids == {"sim-v1", "sim-v2", "sim"}
 
 
+def test_x_request_id_appears_once(fleet: SimFleet) -> None:
+    body = {"model": "sim-v1", "prompt": "hi", "max_tokens": 1}
+    headers = {"x-request-id": "req-1"}
+    resp = httpx.post(f"{fleet.router_url}/v1/completions", json=body, headers=headers)
+    ids = [v for k, v in resp.headers.raw if k.lower() == b"x-request-id"]
+    assert resp.status_code == 200 and ids == [b"req-1"]  # the engine echoes it too
+
+
 def test_canary_weights_hold_over_many_requests(fleet: SimFleet) -> None:
     with httpx.Client() as http:
 

@@ -8,7 +8,7 @@ import time
 import aiohttp
 from prometheus_client import REGISTRY
 
-from tests.router.conftest import RouterFactory, engines, until
+from tests.router.conftest import RouterFactory, engines, free_port, until
 from tests.router.fake_engine import FakeEngine
 from tests.router.vllm_schema import assert_vllm_error
 
@@ -155,3 +155,14 @@ async def _until_status(http: aiohttp.ClientSession, url: str, status: int) -> N
                 return
         assert time.monotonic() < deadline, f"{url} never answered {status}"
         await asyncio.sleep(0.05)
+
+
+async def test_a_dead_backend_s_503_says_connection_refused(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with run_router([dead]) as r:
+        await until(lambda: bool(r.router.pool.states()[0].last_error))
+        status, answer = await _post(http, r.url)
+    assert status == 503
+    assert f"connection refused to {dead}" in answer["body"]["error"]["message"]

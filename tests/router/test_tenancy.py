@@ -105,8 +105,10 @@ def test_priorities_above_the_tenants_highest_are_lowered() -> None:
     assert request(None, **critical).priority == "standard"
     assert request(None, **{"x-kvstack-priority": "sheddable"}).priority == "sheddable"
     assert request(None).priority is None
-    bogus = {"x-kvstack-priority": "urgent"}  # left for admission to refuse with a 400
-    assert request("a", **bogus).priority == "urgent"
+    bogus = {"x-kvstack-priority": "urgent"}  # refused under every admission
+    with pytest.raises(RequestError, match="critical, standard, sheddable") as refused:
+        request("a", **bogus)
+    assert refused.value.status == 400 and refused.value.code == "invalid_priority"
     opened = Tenancy(CONFIG.model_copy(update={"default_max_priority": "critical"}), KEYS)
     assert request(None, tenancy=opened, **critical).priority == "critical"
 

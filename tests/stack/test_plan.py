@@ -30,6 +30,11 @@ def test_default_stack_is_two_simulated_engines_behind_a_router(tmp_path: Path) 
     assert [b["url"] for b in router_file["backends"]] == [parts[0].url, parts[1].url]
 
 
+def test_an_engine_without_kind_is_simulated(tmp_path: Path) -> None:
+    (engine, *_) = plan_stack(config(engines=[{"name": "e"}]), tmp_path)
+    assert "sim-engine" in engine.argv and not any("vllm" in arg for arg in engine.argv)
+
+
 def test_vllm_engines_carry_the_connector_with_expanded_tiers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -29,15 +29,24 @@ def write_config(path: Path, run_dir: Path, router_port: int) -> Path:
 
 
 def kvstack(
-    *args: str, timeout: float = 120, env: dict[str, str] | None = None
+    *args: str,
+    timeout: float = 120,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    state: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
+    """``state``: the user's state directory (where ``up`` notes the stack for ``down``)."""
+    extra = dict(env or {})
+    if state is not None:
+        extra["XDG_STATE_HOME"] = str(state)
     return subprocess.run(
         [sys.executable, "-m", "kvstack", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
-        env=None if env is None else {**os.environ, **env},
+        cwd=cwd,
+        env={**os.environ, **extra} if extra else None,
     )
 
 
@@ -93,6 +102,27 @@ def test_a_taken_port_is_a_clear_error_and_nothing_starts(tmp_path: Path) -> Non
     assert up.returncode == 1
     assert f"port {port} of router is already in use" in up.stderr
     assert not (tmp_path / "run" / "stack.json").exists()
+
+
+def test_up_down_up_back_to_back_and_down_without_flags(tmp_path: Path) -> None:
+    """The router's port keeps connections in TIME_WAIT after ``down`` (the router closed the
+    client's keep-alive connection); ``up`` binds it again at once, as the router itself does.
+    ``down`` without flags, from another directory, stops the stack ``up`` started."""
+    port, state, elsewhere = free_port(), tmp_path / "state", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cfg = write_config(tmp_path / "stack.yaml", tmp_path / "run", port)
+    body = {"model": "toy", "prompt": "hi", "max_tokens": 1}
+    for _ in range(2):
+        up = kvstack("up", "--config", str(cfg), "--detach", "--no-progress", state=state)
+        assert up.returncode == 0, up.stderr
+        with httpx.Client() as client:  # kept open across 'down': the server closes it
+            assert client.post(f"http://127.0.0.1:{port}/v1/completions", json=body).is_success
+            down = kvstack("down", cwd=elsewhere, state=state)
+        assert down.returncode == 0, down.stderr
+        assert "router" in down.stdout
+    again = kvstack("down", cwd=elsewhere, state=state)
+    assert again.returncode == 1
+    assert "no running stack in" in again.stderr and "pass --run-dir DIR" in again.stderr
 
 
 def test_an_unhealthy_component_stops_the_stack_and_shows_its_log(tmp_path: Path) -> None:

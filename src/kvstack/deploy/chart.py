@@ -138,4 +138,4 @@ def lint_chart(
 
 
 def _helm() -> Any:
-    return require("helm_python", "dev")
+    return require("helm_python", "deploy")

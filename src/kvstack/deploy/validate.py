@@ -63,7 +63,7 @@ def _validate(doc: dict[str, Any], kube_version: str) -> list[str]:
     key = (doc.get("apiVersion", ""), doc.get("kind", ""))
     if key in CRD_MODELS or key in CRD_FILES:
         return _validate_crd(doc, crd_schema(*key))
-    kv: Any = require("kubernetes_validate", "dev")
+    kv: Any = require("kubernetes_validate", "deploy")
     try:
         kv.validate(doc, kube_version, strict=True)
     except kv.SchemaNotFoundError:
@@ -90,7 +90,7 @@ def crd_schema(api_version: str, kind: str) -> dict[str, Any]:
         _forbid_unknown(schema)
         return schema
     module_name, _, class_name = CRD_MODELS[(api_version, kind)].partition(":")
-    require(module_name.rsplit(".", 1)[0], "dev")
+    require(module_name.rsplit(".", 1)[0], "deploy")
     model = getattr(importlib.import_module(module_name), class_name)
     schema = model.model_json_schema(by_alias=True, mode="validation")
     _forbid_unknown(schema)

@@ -28,6 +28,7 @@ import json
 import sys
 from collections.abc import Callable
 from dataclasses import asdict
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,10 +116,10 @@ def _config(args: argparse.Namespace) -> LoRAConfig:
     return load_section("lora", LoRAConfig, overrides)
 
 
-def _plane(args: argparse.Namespace) -> Any:
+def _plane(args: argparse.Namespace, config: LoRAConfig | None = None) -> Any:
     from kvstack.lora.plane import ControlPlane
 
-    return ControlPlane.from_config(_config(args))
+    return ControlPlane.from_config(config or _config(args))
 
 
 def _registry(args: argparse.Namespace) -> Any:
@@ -148,7 +149,8 @@ def _row(v: AdapterVersion) -> dict[str, Any]:
 
 
 def _register(a: argparse.Namespace) -> int:
-    v = _plane(a).register(
+    config = _config(a)
+    v = _plane(a, config).register(
         a.source,
         a.id,
         a.version,
@@ -160,18 +162,30 @@ def _register(a: argparse.Namespace) -> int:
         base_model_revision=a.base_model_revision,
         tokenizer_revision=a.tokenizer_revision,
     )
-    print(f"registered {v.engine_name} ({v.status.value}) sha256={v.sha256} rank={v.rank}")
+    status = v.status.value
+    if not v.signature and config.require_signature and status == "active":
+        status = (
+            f"active, unsigned: not served until signed (kvstack adapters sign {v.engine_name})"
+        )
+    print(f"registered {v.engine_name} ({status}) sha256={v.sha256} rank={v.rank}")
     return 0
+
+
+def iso_time(epoch_s: float) -> str:
+    """``2026-12-01T18:36:48.123Z``: ISO-8601 in UTC, as the listings print times."""
+    moment = datetime.fromtimestamp(epoch_s, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _list(a: argparse.Namespace) -> int:
     versions = _registry(a).list_adapters(a.tenant)
-    print(f"{'ADAPTER@VERSION':<40} {'STATUS':<10} {'TENANT':<16} {'TIER':<10} {'RANK':>4}  SIGNED")
+    header = f"{'ADAPTER@VERSION':<40} {'STATUS':<10} {'TENANT':<16} {'TIER':<10} {'RANK':>4}"
+    print(f"{header}  SIGNED  {'CREATED':<24}")
     for v in versions:
         signed = "yes" if v.signature else "no"
         print(
             f"{v.engine_name:<40} {v.status.value:<10} {v.tenant_id:<16} {v.priority_tier:<10} "
-            f"{v.rank:>4}  {signed}"
+            f"{v.rank:>4}  {signed:<6}  {iso_time(v.created_at)}"
         )
     return 0
 
@@ -231,7 +245,7 @@ def _audit(a: argparse.Namespace) -> int:
 
     for e in AuditLog(_config(a).registry_url).entries(a.adapter_id, limit=a.limit):
         print(
-            f"{e.ts:.3f} {e.actor:<20} {e.action:<9} {e.adapter_id}@{e.version:<8} "
+            f"{iso_time(e.ts)} {e.actor:<20} {e.action:<9} {e.adapter_id}@{e.version:<8} "
             f"{e.decision:<7} {e.latency_ms:8.1f}ms {e.reason}"
         )
     return 0

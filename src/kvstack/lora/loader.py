@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kvstack.errors import AdapterLoadError, VerificationError
+from kvstack.log import IncidentLogger
 from kvstack.lora.adapters import AdapterVersion
 from kvstack.lora.audit import AuditEntry, AuditLog
 from kvstack.lora.config import AdapterEngineSpec, LoRAConfig
@@ -35,6 +36,7 @@ from kvstack.lora.verify import Verifier
 __all__ = ["MARKER_SUFFIX", "AdapterLoader", "EngineState", "remove_warm_copy"]
 
 log = logging.getLogger(__name__)
+incidents = IncidentLogger(log)
 T = TypeVar("T")
 MARKER_SUFFIX = ".verified.json"
 
@@ -278,6 +280,13 @@ class AdapterLoader:
         start: float,
     ) -> None:
         self.metrics.load_failure(adapter.adapter_id, exc.reason, self.protected(adapter))
+        incidents.warning(  # the request then gets a 404 or 503: say why the adapter is skipped
+            f"skip:{adapter.engine_name}:{exc.reason}",
+            "not serving adapter %s on %s: %s",
+            adapter.engine_name,
+            eng.spec.url,
+            exc,
+        )
         await self._audit(eng, adapter, "load", "reject", str(exc), self.clock() - start)
 
     async def _audit(

@@ -143,12 +143,11 @@ class Router:
         for plugin in self.plugins():
             await plugin.start()
         self._started = True
-        log.info(
-            "router ready: %d backends (%d usable), policy %s",
-            len(self.pool),
-            len(self.pool.usable()),
-            "custom pipeline" if self.config.pipeline else self.config.policy,
-        )
+
+    def summary(self) -> str:
+        """One line for the log once the listener is bound: backends and policy."""
+        policy = "custom pipeline" if self.config.pipeline else self.config.policy
+        return f"{len(self.pool)} backends ({len(self.pool.usable())} usable), policy {policy}"
 
     async def close(self) -> None:
         for plugin in reversed(self.plugins()):

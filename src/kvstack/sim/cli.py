@@ -110,6 +110,10 @@ def run(command: str, argv: list[str]) -> int:
         config = load_section("sim", SimConfig, overrides)
         if args.fleet < 1:
             raise ConfigError(f"--fleet must be >= 1, got {args.fleet}")
+        if config.kv_tiers:
+            from kvstack.sim.tier import tier_config
+
+            tier_config(config)  # a bad tier URL is named before the server starts
         from kvstack.sim.server import fleet_specs, run_fleet
 
         port = args.base_port if args.base_port is not None else args.port

@@ -21,10 +21,26 @@ from kvstack.sim.config import SimConfig
 
 if TYPE_CHECKING:
     from kvstack.kv.cache import KVCache
+    from kvstack.kv.config import KVConfig
 
-__all__ = ["TierLink"]
+__all__ = ["TierLink", "tier_config"]
 
 log = logging.getLogger(__name__)
+
+
+def tier_config(config: SimConfig) -> KVConfig:
+    """The ``kv`` section of the engine's tiers; ConfigError naming ``--kv-tiers`` when a tier
+    URL is bad (checked by the CLI before anything heavy is imported)."""
+    from pydantic import ValidationError
+
+    from kvstack.errors import ConfigError
+    from kvstack.kv.config import KVConfig
+
+    try:
+        return KVConfig(model=config.model, chunk_size=config.kv_chunk_size, tiers=config.kv_tiers)
+    except ValidationError as exc:  # the tiers are the sim section's kv_tiers (--kv-tiers)
+        problems = "; ".join(str(err["msg"]) for err in exc.errors())
+        raise ConfigError(f"sim.kv_tiers (--kv-tiers, KVSTACK_SIM_KV_TIERS): {problems}") from None
 
 
 class TierLink:
@@ -35,12 +51,10 @@ class TierLink:
     @classmethod
     def from_config(cls, config: SimConfig) -> TierLink:
         from kvstack.kv.cache import KVCache
-        from kvstack.kv.config import KVConfig
         from kvstack.security import load_security
 
-        kv = KVConfig(model=config.model, chunk_size=config.kv_chunk_size, tiers=config.kv_tiers)
         # the cluster secret (KVSTACK_SECURITY_*, as `kvstack up` passes it): sealed chunks
-        return cls(KVCache(kv, keys=load_security()[1]))
+        return cls(KVCache(tier_config(config), keys=load_security()[1]))
 
     async def lookup(self, tokens: Sequence[int], adapter: str | None, salt: str | None) -> int:
         """Prompt tokens held by the tiers (a chunk-aligned prefix)."""

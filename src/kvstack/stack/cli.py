@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -13,7 +14,7 @@ from kvstack.section import load_section
 from kvstack.security import load_security
 from kvstack.stack.config import StackConfig
 from kvstack.stack.cores import format_cpu_list
-from kvstack.stack.supervisor import Stack, stop_run_dir
+from kvstack.stack.supervisor import STATE_FILE, Stack, stop_run_dir
 
 __all__ = ["run"]
 
@@ -41,6 +42,7 @@ def _up(argv: list[str]) -> int:
     if stack.core_plan is not None:
         print(stack.core_plan.summary())
     print(f"logs in {stack.run_dir / 'logs'}")
+    _remember(stack.run_dir)
     if args.detach:
         stack.processes.clear()  # leave them running; 'kvstack down' reads the state file
         return 0
@@ -66,10 +68,51 @@ def _down(argv: list[str]) -> int:
     p.add_argument("--config", help="the stack's YAML file (for its run_dir)")
     p.add_argument("--run-dir", help="the stack's run directory")
     args = p.parse_args(argv)
-    run_dir = args.run_dir or load_section("stack", StackConfig, path=args.config).run_dir
-    names = stop_run_dir(Path(run_dir))
+    if args.run_dir or args.config:
+        run_dir = Path(args.run_dir or load_section("stack", StackConfig, path=args.config).run_dir)
+    else:
+        run_dir = _find_running()
+    names = stop_run_dir(run_dir)
+    if _remembered() == run_dir.resolve():
+        _last_stack_file().unlink(missing_ok=True)
     print(f"stopped {', '.join(names) or 'nothing'}")
     return 0
+
+
+def _last_stack_file() -> Path:
+    """Where ``kvstack up`` notes its run directory, for a ``kvstack down`` without flags
+    from another directory or shell: the user's state directory (XDG), not the project."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "kvstack" / "last-stack"
+
+
+def _remember(run_dir: Path) -> None:
+    path = _last_stack_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(str(run_dir.resolve()) + "\n")
+
+
+def _remembered() -> Path | None:
+    try:
+        text = _last_stack_file().read_text().strip()
+    except OSError:
+        return None
+    return Path(text) if text else None
+
+
+def _find_running() -> Path:
+    """The stack of the default config (``KVSTACK_CONFIG`` or ``.kvstack/run``) when one runs
+    there, else the one ``kvstack up`` last started; otherwise say which flag to pass."""
+    default = Path(load_section("stack", StackConfig).run_dir)
+    candidates = [default, *filter(None, [_remembered()])]
+    for run_dir in candidates:
+        if (run_dir / STATE_FILE).exists():
+            return run_dir
+    looked = " or ".join(str(c) for c in dict.fromkeys(candidates))
+    raise StackError(
+        f"no running stack in {looked}; pass --run-dir DIR (the stack's run_dir) or "
+        "--config FILE (the file given to 'kvstack up')"
+    )
 
 
 def run(command: str, argv: list[str]) -> int:

@@ -6,7 +6,7 @@ A two-engine stack with a shared disk tier behind the router::
       run_dir: .kvstack/run
       engines:
         - name: engine
-          kind: vllm            # or sim (the simulator; no vLLM needed)
+          kind: vllm            # or sim (the default: the simulator; no vLLM needed)
           replicas: 2
           model: toy            # toy | toy-small | a local model directory
           connector:
@@ -77,7 +77,9 @@ class EngineLoRASpec(Section):
 
 class StackEngineSpec(Section):
     name: str = Field(default="engine", pattern=r"^[a-z0-9][a-z0-9-]*$", description="name prefix")
-    kind: Literal["vllm", "sim"] = Field(default="vllm", description="real vLLM or the simulator")
+    kind: Literal["vllm", "sim"] = Field(
+        default="sim", description="the simulator (the default: no vLLM needed) or real vLLM"
+    )
     replicas: int = Field(default=1, ge=1, le=64, description="engines of this spec")
     port: int | None = Field(default=None, ge=1, le=65535, description="first port; None: free")
     model: str = Field(

@@ -25,14 +25,15 @@ from pathlib import Path
 from kvstack.errors import StackError
 from kvstack.procs import pid_alive
 from kvstack.security import SecurityConfig
-from kvstack.stack.components import Component, plan_stack, port_is_free
+from kvstack.stack.components import Component, plan_stack
 from kvstack.stack.config import StackConfig
 from kvstack.stack.cores import CorePlan, engine_core_plan
 from kvstack.stack.health import healthy
+from kvstack.stack.ports import port_is_bindable
 from kvstack.stack.procs import ManagedProcess, log_tail
 from kvstack.stack.secrets import prepare_secrets
 
-__all__ = ["Stack", "stop_run_dir"]
+__all__ = ["STATE_FILE", "Stack", "stop_run_dir"]
 
 log = logging.getLogger(__name__)
 STATE_FILE = "stack.json"
@@ -72,7 +73,7 @@ class Stack:
 
     def _preflight(self) -> None:
         for c in self.components:
-            if not port_is_free(c.host, c.port):
+            if not port_is_bindable(c.host, c.port):
                 raise StackError(f"port {c.port} of {c.name} is already in use on {c.host}")
             if shutil.which(c.argv[0]) is None:
                 raise StackError(f"{c.name}: {c.argv[0]!r} is not installed or not on PATH")

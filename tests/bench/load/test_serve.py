@@ -94,3 +94,12 @@ def test_serve_names_bad_input(sim_process: SimProcessFactory) -> None:
     assert done.returncode == 2 and "groups" in done.stderr
     done = serve("--url", url, "--workload", "shared-prefix", "--rate", "1", "--set", "oops")
     assert done.returncode == 2 and "KEY=VALUE" in done.stderr
+
+
+def test_serve_reports_error_reasons_by_type(sim_process: SimProcessFactory) -> None:
+    (url,) = sim_process(time_scale=20)
+    args = ("--url", url, "--workload", "unique", "--rate", "5", "--duration", "1")
+    done = serve(*args, "--time-scale", "20", "--model", "nope")
+    assert done.returncode == 0, done.stderr
+    reasons = done.stdout.split("errors by reason:\n", 1)[1].splitlines()
+    assert "HTTP 404: The model `nope` does not exist" in reasons[0]

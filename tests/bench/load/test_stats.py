@@ -62,3 +62,19 @@ def test_prompt_token_mismatches_are_counted() -> None:
     r = ok(0.1, 1.0, 5)
     r.expected_prompt_tokens = 99
     assert summarize([r], 1.0, SLO()).overall.prompt_tokens_mismatched == 1
+
+
+def test_errors_are_counted_by_reason() -> None:
+    results = [
+        RequestResult(0.0, status=404, error="The model `x` does not exist."),
+        RequestResult(0.0, status=404, error="The model `x` does not exist."),
+        RequestResult(0.0, status=0, error="ClientConnectorError: Cannot connect to host"),
+        RequestResult(0.0, status=200),  # the stream ended without a token
+        ok(0.1, 0.2, 5),
+    ]
+    reasons = summarize(results, 1.0, SLO(1.0, 1.0)).errors_by_reason
+    assert reasons == {
+        "HTTP 404: The model `x` does not exist.": 2,
+        "ClientConnectorError": 1,
+        "stream: no token received": 1,
+    }

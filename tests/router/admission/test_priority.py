@@ -52,6 +52,19 @@ async def test_saturated_fleet_sheds_sheddable_and_serves_critical(
         assert status == 200
 
 
+async def test_an_unknown_priority_is_refused_under_the_default_admission(
+    run_router: RouterFactory, http: aiohttp.ClientSession
+) -> None:
+    a = FakeEngine("a")
+    async with engines(a), run_router([a]) as r:
+        await until(lambda: all(s.models for s in r.router.pool.states()))
+        status, headers, text = await post(http, r.url, "urgent")
+        assert status == 400 and "critical, standard, sheddable" in text
+        assert headers["x-kvstack-error"] == "invalid_priority"
+        status, _, _ = await post(http, r.url, "standard")
+        assert status == 200
+
+
 async def test_standard_waits_and_is_bound_late(
     run_router: RouterFactory, http: aiohttp.ClientSession
 ) -> None:

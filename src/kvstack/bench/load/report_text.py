@@ -57,6 +57,9 @@ def format_summary(document: dict[str, Any], summary: RunSummary) -> str:
         _pct("ITL", o.itl_s),
         _pct("E2E", o.e2e_s),
     ]
+    if summary.errors_by_reason:
+        lines.append("errors by reason:")
+        lines += [f"  {n:>6}  {reason}" for reason, n in summary.errors_by_reason.items()]
     for title, groups in (("priority", summary.by_priority), ("tenant", summary.by_tenant)):
         if len(groups) > 1 or (groups and title != "priority"):
             lines.append(f"by {title}:")

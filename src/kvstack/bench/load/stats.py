@@ -91,6 +91,7 @@ class RunSummary:
     by_adapter: dict[str, GroupSummary] = field(default_factory=dict)
     by_tenant: dict[str, GroupSummary] = field(default_factory=dict)
     by_backend: dict[str, int] = field(default_factory=dict)
+    errors_by_reason: dict[str, int] = field(default_factory=dict)  # error_reason -> count
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,4 +155,25 @@ def summarize(results: Sequence[RequestResult], duration_s: float, slo: SLO) -> 
         by_adapter=each(lambda r: r.adapter),
         by_tenant=each(lambda r: r.tenant),
         by_backend={k: len(v) for k, v in sorted(backends.items())},
+        errors_by_reason=_errors_by_reason(results),
     )
+
+
+def error_reason(result: RequestResult) -> str:
+    """A failed request's reason by type: ``HTTP 404: <the server's message>``, the client's
+    exception type (no response), or what the stream lacked."""
+    error = (result.error or "").strip()
+    if result.status == 0:
+        return error.partition(":")[0] or "no response"
+    if result.status != 200:
+        return f"HTTP {result.status}: {error[:120]}" if error else f"HTTP {result.status}"
+    return f"stream: {error[:120]}" if error else "stream: no token received"
+
+
+def _errors_by_reason(results: Sequence[RequestResult]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for result in results:
+        if not result.ok:
+            reason = error_reason(result)
+            counts[reason] = counts.get(reason, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))

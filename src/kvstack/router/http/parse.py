@@ -23,6 +23,7 @@ import msgspec
 from pydantic import TypeAdapter, ValidationError
 
 from kvstack.errors import RequestError
+from kvstack.router.admission.config import PRIORITIES
 from kvstack.router.http.conversations import (
     anthropic_messages,
     batch_messages,
@@ -113,7 +114,7 @@ def _request(
     route_path: str,
     tenancy: Tenancy | None,
 ) -> RoutingRequest:
-    priority = headers.get(PRIORITY_HEADER)
+    priority = _priority(headers)
     privileged = False
     if tenancy is not None:  # a salt only where vLLM caches a prompt: the generation routes
         salted = endpoint in GENERATION_ENDPOINTS
@@ -236,3 +237,16 @@ def _chat_messages(value: object) -> list[dict[str, Any]] | None:
     if all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value):
         return value
     return None
+
+
+def _priority(headers: Mapping[str, str]) -> str | None:
+    """The client's ``x-kvstack-priority``, refused (400) unless it is a known one, under every
+    admission: the default one ignores priorities, but a typo must not pass silently."""
+    priority = headers.get(PRIORITY_HEADER)
+    if priority is not None and priority not in PRIORITIES:
+        raise RequestError(
+            f"{PRIORITY_HEADER} {priority!r} is not one of {', '.join(PRIORITIES)}",
+            param=PRIORITY_HEADER,
+            code="invalid_priority",
+        )
+    return priority

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import logging
+import socket
 
 import uvicorn
 
@@ -12,7 +13,7 @@ from kvstack.router.config import RouterConfig
 from kvstack.router.http.app import RouterApp
 from kvstack.router.router import Router
 
-__all__ = ["build_server", "tune_gc"]
+__all__ = ["RouterServer", "build_server", "tune_gc"]
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +35,26 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 100)
 
 
+class RouterServer(uvicorn.Server):
+    """uvicorn's server that logs "router ready" once its listener is bound, not before: the
+    router starts (health checks, discovery) in the lifespan, ahead of the bind, and a port in
+    use then ends the process with uvicorn's own error."""
+
+    def __init__(self, config: uvicorn.Config, router: Router) -> None:
+        super().__init__(config)
+        self.router = router
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and not self.should_exit:
+            host, port = self.config.host, self.config.port
+            log.info("router ready on http://%s:%d: %s", host, port, self.router.summary())
+
+
 def build_server(config: RouterConfig, router: Router | None = None) -> uvicorn.Server:
     """A uvicorn server for ``config`` (httptools + uvloop when installed; no access log)."""
-    app = RouterApp(router or Router(config))
+    router = router or Router(config)
+    app = RouterApp(router)
     server_config = uvicorn.Config(
         app,
         host=config.host,
@@ -53,4 +71,4 @@ def build_server(config: RouterConfig, router: Router | None = None) -> uvicorn.
         backlog=4096,
         timeout_graceful_shutdown=30,  # streams may run for minutes; do not wait forever
     )
-    return uvicorn.Server(server_config)
+    return RouterServer(server_config, router)

@@ -47,7 +47,7 @@ class ModelRouter:
         if any(name in s.models for s in states):
             return RouteResolution(name, None)
         if states and not any(s.models for s in states):
-            raise NoBackendError("no backend has reported its models yet")
+            raise NoBackendError(_why_no_models(states))
         raise UnknownModelError(model, self.known(states))
 
     def known(self, states: Sequence[BackendState]) -> list[str]:
@@ -72,6 +72,14 @@ class ModelRouter:
         else:
             point = self._rng.random()
         return _weighted(targets, point)
+
+
+def _why_no_models(states: Sequence[BackendState]) -> str:
+    """The backends' own failures (``connection refused to …``) when they have any."""
+    errors = sorted({s.last_error for s in states if s.last_error})
+    if errors:
+        return f"no backend can serve: {'; '.join(errors)}"
+    return "no backend has reported its models yet"
 
 
 def _weighted(targets: Sequence[ModelTarget], point: float) -> str:

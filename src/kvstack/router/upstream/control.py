@@ -30,6 +30,8 @@ def _upstream_error(exc: BaseException, backend: str) -> UpstreamError:
     """Classify a client-side failure talking to ``backend``."""
     if isinstance(exc, UpstreamError):
         return exc
+    if isinstance(exc, httpx.ConnectError) and _refused(exc):
+        return UpstreamError(f"connection refused to {backend}", "connect")
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout):
         return UpstreamError(f"cannot connect to backend {backend}: {exc}", "connect")
     if isinstance(exc, TimeoutError | httpx.TimeoutException):
@@ -37,6 +39,18 @@ def _upstream_error(exc: BaseException, backend: str) -> UpstreamError:
     if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
         return UpstreamError(f"backend {backend} closed the connection: {exc}", "disconnect")
     return UpstreamError(f"backend {backend} failed: {type(exc).__name__}: {exc}", "error")
+
+
+def _refused(exc: httpx.ConnectError) -> bool:
+    """Nothing listens there (httpx words a refusal on every address of a host as its last
+    words, and one on a single address as the OS's errno text)."""
+    cause = exc.__cause__ or exc.__context__
+    text = str(exc).lower()
+    return (
+        isinstance(cause, ConnectionRefusedError)
+        or "refused" in text
+        or ("all connection attempts failed" in text)
+    )
 
 
 class ControlClient:

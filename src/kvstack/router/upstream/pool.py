@@ -117,6 +117,8 @@ class UpstreamPool:
             )
         except TimeoutError:
             raise UpstreamError(f"connecting to backend {url} timed out", "connect") from None
+        except ConnectionRefusedError:
+            raise UpstreamError(f"connection refused to {url}", "connect") from None
         except OSError as exc:
             raise UpstreamError(f"cannot connect to backend {url}: {exc}", "connect") from None
         return conn

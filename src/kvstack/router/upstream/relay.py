@@ -25,6 +25,9 @@ __all__ = ["Exchange", "Opened", "Relay", "RetryableStatus", "sse_error_event"]
 
 _FAILURES = (ConnectionLostError, OSError, TimeoutError)
 _HOP_BY_HOP_BYTES = frozenset(h.encode() for h in HOP_BY_HOP)
+# The router sends its own x-request-id (the one it forwarded): the backend's echo is dropped
+# so that a client sees the header once.
+_NOT_FORWARDED = _HOP_BY_HOP_BYTES | {b"x-request-id"}
 
 
 @dataclass(slots=True)
@@ -69,7 +72,7 @@ def sse_error_event(message: str, status: int = 502) -> bytes:
 
 
 def forwardable(headers: RawHeaders) -> RawHeaders:
-    return [(k, v) for k, v in headers if k not in _HOP_BY_HOP_BYTES]
+    return [(k, v) for k, v in headers if k not in _NOT_FORWARDED]
 
 
 def as_upstream_error(exc: BaseException, backend: str) -> UpstreamError:
