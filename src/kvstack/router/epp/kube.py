@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvstack.errors import ConfigError, require
+from kvstack.errors import ConfigError
 from kvstack.log import IncidentLogger
 from kvstack.router.epp.config import PoolConfig
+from kvstack.router.fleet.discovery.kubernetes import kube_api_client
 
 __all__ = ["ResourceKind", "ResourceWatch", "Snapshot", "make_api_client"]
 
@@ -42,20 +43,7 @@ class ResourceKind:
 
 
 def make_api_client(config: PoolConfig) -> Any:
-    require("kubernetes", "k8s")
-    from kubernetes import client
-    from kubernetes import config as kube_config
-
-    configuration = client.Configuration()
-    if config.api_url:
-        configuration.host = config.api_url
-    elif config.kubeconfig:
-        kube_config.load_kube_config(
-            config_file=config.kubeconfig, client_configuration=configuration
-        )
-    else:
-        kube_config.load_incluster_config(client_configuration=configuration)
-    return client.ApiClient(configuration)
+    return kube_api_client(config.api_url, config.kubeconfig)
 
 
 class ResourceWatch:

@@ -24,7 +24,7 @@ from kvstack.router.fleet.backends import Backend
 from kvstack.router.fleet.config import KubernetesConfig
 from kvstack.router.fleet.discovery.base import Discovery, Publish
 
-__all__ = ["KubernetesDiscovery", "pod_backend"]
+__all__ = ["KubernetesDiscovery", "kube_api_client", "pod_backend"]
 
 log = logging.getLogger(__name__)
 incidents = IncidentLogger(log)
@@ -50,21 +50,27 @@ def pod_backend(pod: Any, config: KubernetesConfig) -> Backend | None:
     )
 
 
-def make_core_api(config: KubernetesConfig) -> Any:
+def kube_api_client(api_url: str | None, kubeconfig: str | None) -> Any:
+    """The official client's ``ApiClient``: ``api_url`` (a test's or a proxy's), else the
+    kubeconfig file, else the pod's in-cluster service account."""
     require("kubernetes", "k8s")
     from kubernetes import client
     from kubernetes import config as kube_config
 
     configuration = client.Configuration()
-    if config.api_url:
-        configuration.host = config.api_url
-    elif config.kubeconfig:
-        kube_config.load_kube_config(
-            config_file=config.kubeconfig, client_configuration=configuration
-        )
+    if api_url:
+        configuration.host = api_url
+    elif kubeconfig:
+        kube_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     else:
         kube_config.load_incluster_config(client_configuration=configuration)
-    return client.CoreV1Api(client.ApiClient(configuration))
+    return client.ApiClient(configuration)
+
+
+def make_core_api(config: KubernetesConfig) -> Any:
+    from kubernetes import client
+
+    return client.CoreV1Api(kube_api_client(config.api_url, config.kubeconfig))
 
 
 class KubernetesDiscovery(Discovery):
