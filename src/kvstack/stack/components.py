@@ -8,7 +8,6 @@ resolved and tier URLs expanded, so the supervisor only has to start and watch t
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +19,11 @@ from kvstack.index.urls import zmq_url
 from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.config import StackConfig, StackEngineSpec
 from kvstack.stack.cores import CorePlan, bind_engine, engine_core_plan, replica_names
+from kvstack.stack.ports import free_port
 from kvstack.stack.secrets import REDIS_PASSWORD_ENV, REDIS_USER, StackSecrets, redis_conf
 from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 
-__all__ = ["Component", "plan_stack", "port_is_free"]
+__all__ = ["Component", "plan_stack"]
 
 Health = Literal["http", "redis"]
 
@@ -58,15 +58,6 @@ class Component:
         return f"{self.url}/health"
 
 
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 class _Ports:
     """Fixed ports as configured; the rest picked free, never twice."""
 
@@ -81,9 +72,7 @@ class _Ports:
 
     def _free(self) -> int:
         while True:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((self.host, 0))
-                port = int(s.getsockname()[1])
+            port = free_port(self.host)
             if port not in self.taken:
                 return port
 

@@ -25,6 +25,7 @@ from kvstack.lora.driver import EngineDriver, EngineLoRAInfo
 from kvstack.lora.manifest import Manifest
 from kvstack.lora.plane import ControlPlane
 from kvstack.lora.store import ArtifactRef, ArtifactStore, parse_digest
+from kvstack.stack.ports import free_port_run
 
 __all__ = ["BASE_DIMS", "CountingDriver", "LoRABenchFleet", "ModelledStore", "write_adapter"]
 
@@ -155,7 +156,7 @@ def sim_fleet(num_engines: int, args: list[str], log_path: Path) -> Iterator[LoR
     """``kvstack sim-engine --fleet N`` in a child process (its own core), on free ports."""
     from kvstack.stack.procs import ManagedProcess
 
-    base = _free_port_run(num_engines)
+    base = free_port_run(num_engines)
     argv = [
         sys.executable,
         "-m",
@@ -176,30 +177,6 @@ def sim_fleet(num_engines: int, args: list[str], log_path: Path) -> Iterator[LoR
         yield LoRABenchFleet(urls)
     finally:
         proc.stop()
-
-
-def _free_port_run(count: int) -> int:
-    """The first of ``count`` consecutive ports that are free now."""
-    import socket
-
-    for _ in range(100):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count < 65536 and all(_free(base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _free(port: int) -> bool:
-    import socket
-
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def bench_config(root: Path, sources: Path, public_key: Path, **policy: Any) -> LoRAConfig:

@@ -17,26 +17,9 @@ from pathlib import Path
 
 import httpx
 
+from kvstack.stack.ports import free_port
+
 __all__ = ["free_port", "index_server", "process_cpu_s", "redis_cluster", "redis_server"]
-
-
-def free_port(bus: bool = False) -> int:
-    """A free loopback port (with ``bus``, one whose cluster bus port, +10000, is free too)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if not bus or (port + 10000 < 65536 and _free(port + 10000)):
-            return port
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def process_cpu_s(pid: int) -> float:

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
@@ -20,19 +20,7 @@ REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 
 def free_cluster_port() -> int:
     """A free port whose cluster bus port (port + 10000) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 < 65536 and _is_free(port + 10000):
-            return port
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    return free_port(bus=True)
 
 
 def _ping(port: int, password: str | None = None) -> bool:
