@@ -44,8 +44,9 @@ from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier, make_tier
 from kvstack.kv.tiers.redis.redis_server import large_value_env
+from kvstack.stack.ports import free_port
 
-__all__ = ["print_result", "run", "run_shared_tier_bench"]
+__all__ = ["print_result", "redis_server", "run", "run_shared_tier_bench"]
 
 CHUNK_SHAPE = (32, 2, 256, 8, 128)  # Llama-3-8B, 256 tokens, bf16: 32 MiB
 CHUNK_BYTES = torch.Size(CHUNK_SHAPE).numel() * 2
@@ -70,12 +71,6 @@ def interleaved(transfers: list[Transfer], rounds: int) -> dict[str, float]:
             transfer.fetch()
             times[transfer.name].append(time.perf_counter() - start)
     return {t.name: t.num_bytes / statistics.median(times[t.name]) / 1e9 for t in transfers}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_port(port: int, timeout_s: float = 30) -> None:
@@ -128,8 +123,10 @@ def tcp_transfer(num_chunks: int) -> Iterator[Transfer]:
 
 
 @contextlib.contextmanager
-def _redis_server(workdir: Path, env: dict[str, str]) -> Iterator[int]:
-    port = _free_port()
+def redis_server(workdir: Path, env: dict[str, str]) -> Iterator[int]:
+    """A throw-away ``redis-server`` on loopback (no persistence, the caller's allocator
+    settings in ``env``); yields its port."""
+    port = free_port()
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(workdir)]  # fmt: skip
@@ -150,8 +147,8 @@ def redis_transfers(num_chunks: int, workdir: Path) -> Iterator[tuple[list[Trans
     import redis
 
     with contextlib.ExitStack() as stack:
-        port = stack.enter_context(_redis_server(workdir, {}))
-        tuned_port = stack.enter_context(_redis_server(workdir, large_value_env()))
+        port = stack.enter_context(redis_server(workdir, {}))
+        tuned_port = stack.enter_context(redis_server(workdir, large_value_env()))
         url = f"redis://127.0.0.1:{port}/0?prefix=bench:&queue_bytes=4GiB&timeout_s=60"
         tier = make_tier(url, name="redis")
         stack.callback(tier.close)
@@ -196,7 +193,7 @@ def peer_transfer(num_chunks: int) -> Iterator[Transfer]:
 
 def measure_s3(num_chunks: int, rounds: int) -> dict[str, float]:
     """Store and get against moto's server (a mock: figures for reference only)."""
-    port = _free_port()
+    port = free_port()
     creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
              "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
     for name, value in creds.items():

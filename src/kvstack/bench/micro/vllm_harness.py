@@ -13,7 +13,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import threading
@@ -26,6 +25,8 @@ from typing import Any
 import httpx
 
 from kvstack.bench.load.stats import percentile
+from kvstack.bench.micro.shared_tiers import redis_server
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 
 __all__ = [
@@ -40,12 +41,6 @@ __all__ = [
     "spread",
     "stream_ttft",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -65,7 +60,7 @@ class Engines:
     ) -> Iterator[VLLMServer]:
         spec = VLLMServerSpec(
             model=str(self.model),
-            port=_free_port(),
+            port=free_port(),
             served_model_name="bench",
             max_model_len=self.max_model_len,
             kv_cache_space_gib=self.kv_cache_space_gib,
@@ -216,29 +211,6 @@ def metric_value(server: VLLMServer, name: str) -> float:
         for sample in family.samples
         if sample.name == name
     )
-
-
-@contextlib.contextmanager
-def redis_server(work: Path, env: dict[str, str]) -> Iterator[int]:
-    """A throw-away ``redis-server`` on loopback (no persistence); yields its port."""
-    port = _free_port()
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    argv = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "no", "--dir", str(work)]  # fmt: skip
-    env = {**{k: v for k, v in os.environ.items() if "MALLOC_CONF" not in k}, **env}
-    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.05)
-        yield port
-    finally:
-        server.kill()
-        server.wait()
 
 
 def drop_page_cache(root: Path) -> int:
