@@ -1,0 +1,91 @@
+"""The published tables of ``kvstack bench index``, rendered from its committed result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvstack.bench.report import stale_line, table, target
+from kvstack.bench.results import newest
+
+__all__ = ["render"]
+
+_NAMES = {
+    "in_process": "in process (reference)",
+    "service": "index server",
+    "service_zmq": "index server, ZMQ",
+    "service_http": "index server, HTTP (msgpack)",
+    "service_http_json": "index server, HTTP (JSON)",
+    "valkey": "Valkey",
+    "valkey_cluster": "Valkey cluster",
+}
+
+
+def render(results: Path) -> str:
+    r = newest(results, "index")
+    if r is None:
+        return "_No committed result of `kvstack bench index` yet._"
+    res, rows = r.result, []
+    lookups = res["lookup_128k"]
+    zmq = lookups["service_zmq"]["p99_ms"]
+    bar = res.get("bar_p99_ms", 5.0)
+    for name, f in lookups.items():
+        cells = ""
+        if name == "valkey":
+            cells = (
+                target(f["p99_ms"] <= zmq, "p99 ≤ ZMQ's")
+                + "; "
+                + target(f["p99_ms"] <= bar, f"≤ {bar:g} ms")
+            )
+        server = f"{f['server_cpu_ms']:.2f}" if f.get("server_cpu_ms") is not None else ""
+        rows.append(
+            (
+                _NAMES.get(name, name),
+                f"{f['p50_ms']:.2f}",
+                f"{f['p99_ms']:.2f}",
+                f"{f['cpu_p50_ms']:.2f} / {f['cpu_p99_ms']:.2f}",
+                server,
+                f["n"],
+                cells,
+            )
+        )
+    ann = [
+        (
+            _NAMES.get(name, name),
+            f"{a['bulk_events_per_s']:,.0f}",
+            f"{a['steady_events_per_s']:,.0f}",
+            f"{a['bulk_server_cpu_us_per_event']:.2f}",
+            f"{res['memory_mb'][name]:.0f}",
+        )
+        for name, a in res["announce"].items()
+    ]
+    return "\n".join(
+        [
+            stale_line(r),
+            "",
+            f"Lookup of a {res['prompt_tokens']:,}-token prompt ({res['chunk_size']}-token chunks) "
+            f"against {res['entries']:,} entries from {res['instances']} instances, wall clock "
+            "with the client's CPU time beside it:",
+            "",
+            table(
+                (
+                    "backend",
+                    "p50 ms",
+                    "p99 ms",
+                    "client CPU p50 / p99 ms",
+                    "server CPU ms",
+                    "lookups",
+                    "target",
+                ),
+                rows,
+                "lrrrrrl",
+            ),
+            "",
+            "Announces (events/s, bulk load and steady state):",
+            "",
+            table(
+                ("backend", "bulk events/s", "steady events/s", "server CPU µs/event", "memory MB"),
+                ann,
+                "lrrrr",
+            ),
+        ]
+    )
