@@ -41,9 +41,23 @@ RESULTS = Path("benchmarks/results")
 TARGETS = (Path("docs/benchmarks.md"), Path("README.md"))
 
 # region name -> "module:function"; the function takes the results folder, returns Markdown.
+# A region's module also has ``headline(results) -> list[(what, figure, command)]``: its rows of
+# the README's benchmark table (``readme``).
 REGIONS: dict[str, str] = {
+    "demo": "kvstack.bench.demo.report_md:render",
+    "kv": "kvstack.bench.micro.kv_report:render",
+    "vllm": "kvstack.bench.micro.vllm_report:render",
+    "vllm-scenarios": "kvstack.bench.micro.vllm_report:render_scenarios",
+    "sim": "kvstack.bench.micro.sim_report:render",
+    "router": "kvstack.bench.micro.router_report:render",
+    "compare": "kvstack.bench.compare.report_md:render",
+    "routers": "kvstack.bench.routers.report_md:render",
+    "radix": "kvstack.bench.micro.radix_report:render",
+    "shared": "kvstack.bench.micro.shared_report:render",
+    "lora": "kvstack.bench.lora.report_md:render",
     "epp": "kvstack.bench.micro.epp_report:render",
     "index": "kvstack.bench.micro.index_report:render",
+    "readme": "kvstack.bench.readme_table:render",
 }
 
 _REGION = re.compile(

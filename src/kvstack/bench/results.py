@@ -163,6 +163,8 @@ def machine_facts(references: bool = True) -> dict[str, Any]:
         "memory_gib": _memory_gib(),
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
+        # Other work on the cores while the figures were taken (1-minute load average).
+        "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     if references:
         facts["memcpy_gbps"] = memcpy_gbps()
