@@ -25,6 +25,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "kvstack.bench.micro.sim_perf",
         "simulator capacity: one engine's req/s, a fleet on this host",
     ),
+    "all": (
+        "kvstack.bench.all",
+        "--quick: a small run of every benchmark beside its committed figures",
+    ),
     "report": (
         "kvstack.bench.report",
         "regenerate the published tables from benchmarks/results (--check: verify only)",

@@ -48,6 +48,10 @@ __all__ = [
 
 SCHEMA = 1
 DEFAULT_DIR = Path("bench-results")
+ENVELOPE = frozenset(
+    {"schema", "bench", "command", "commit", "dirty", "measured", "seconds", "machine",
+     "result", "stale", "provenance"}
+)  # fmt: skip
 _MEMCPY_BYTES = 256 << 20
 _LOOPBACK_BYTES = 128 << 20
 
@@ -172,8 +176,8 @@ def machine_facts(references: bool = True) -> dict[str, Any]:
     return facts
 
 
-def command_line(bench: str, argv: list[str]) -> str:
-    return shlex.join(["kvstack", "bench", bench, *argv])
+def command_line(bench: str, argv: list[str], prog: list[str] | None = None) -> str:
+    return shlex.join([*(prog or ["kvstack", "bench", bench]), *argv])
 
 
 def save(
@@ -184,21 +188,34 @@ def save(
     *,
     started: float | None = None,
     quiet: bool = False,
+    prog: list[str] | None = None,
+    flat: bool = False,
 ) -> Path:
-    """Write ``result`` with its command line, commit and machine; return where it went."""
+    """Write ``result`` with its command line, commit and machine; return where it went.
+
+    ``prog`` is the command before ``argv`` when it is not ``kvstack bench <bench>`` (the demo
+    is ``kvstack demo``). ``flat`` puts the figures beside the envelope's fields instead of under
+    ``result`` (the demo's ``demo.json`` keeps the keys its users read: ``story``, ``load``).
+    """
     commit, dirty = git_commit()
     now = time.gmtime()
-    document = {
+    document: dict[str, Any] = {
         "schema": SCHEMA,
         "bench": bench,
-        "command": command_line(bench, argv),
+        "command": command_line(bench, argv, prog),
         "commit": commit,
         "dirty": dirty,
         "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", now),
         "seconds": round(time.time() - started, 1) if started is not None else None,
         "machine": machine_facts(),
-        "result": result,
     }
+    if flat:
+        clash = ENVELOPE & result.keys()
+        if clash:
+            raise ValueError(f"result keys clash with the envelope's: {sorted(clash)}")
+        document |= result
+    else:
+        document["result"] = result
     if path is None:
         path = DEFAULT_DIR / bench / f"{bench}-{time.strftime('%Y%m%dT%H%M%SZ', now)}.json"
     out = Path(path)
@@ -222,6 +239,8 @@ def _jsonable(value: object) -> object:
 def load(path: Path) -> Result:
     """Read one result document; a document without the envelope's fields is an error."""
     data = json.loads(path.read_text())
+    if "result" not in data and "bench" in data:  # a flat document (save(flat=True))
+        data["result"] = {k: v for k, v in data.items() if k not in ENVELOPE}
     missing = [k for k in ("bench", "command", "commit", "measured", "result") if k not in data]
     if missing:
         raise ValueError(f"{path}: not a kvstack bench result (missing {', '.join(missing)})")

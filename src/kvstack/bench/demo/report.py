@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -73,8 +72,12 @@ def _verdict(workload: str, off: DemoRow, on: DemoRow, won: bool) -> str:
     return f"{workload}: cache on did NOT win ({figures}; {hits}): {why}"
 
 
-def write_json(path: Path, document: dict[str, Any], rows: Sequence[DemoRow]) -> Path:
-    """``demo.json``: the document's keys (``story``, ...) and the load rows under ``load``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**document, "load": [asdict(r) for r in rows]}, indent=2))
-    return path
+def write_json(
+    path: Path, document: dict[str, Any], rows: Sequence[DemoRow], argv: list[str]
+) -> Path:
+    """``demo.json``: a flat result file (:mod:`kvstack.bench.results`): the document's keys
+    (``story``, ...), the load rows under ``load``, and the command line, commit and machine."""
+    from kvstack.bench.results import save
+
+    body = {**document, "load": [asdict(r) for r in rows]}
+    return save("demo", argv, body, path, prog=["kvstack", "demo"], quiet=True, flat=True)

@@ -101,12 +101,15 @@ def stack_config(args: argparse.Namespace, cache_on: bool, run_dir: Path) -> Sta
 
 def run_demo(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(argv)
     started = time.monotonic()
     if not os.environ.get("KVSTACK_LOG_LEVEL"):  # the demo shows progress; logs are in files
         logging.getLogger("kvstack.stack").setLevel(logging.WARNING)
     ui = DemoConsole(live=not args.no_progress)
     _resolve_engines(args, ui)
     quick = args.quick or os.environ.get("KVSTACK_DEMO_QUICK", "") not in ("", "0")
+    if quick and not args.quick:
+        args.argv.append("--quick")  # the result's command line says what ran
     out = Path(args.out)
     shutil.rmtree(out / "run", ignore_errors=True)
     with ui.phase("building the model and its tokenizer (once)"):
@@ -215,7 +218,7 @@ def _finish(args: argparse.Namespace, story: Story, rows: list[DemoRow], out: Pa
     document = _document(args, story, label, wall_s)
     with ui.phase("drawing the plot"):
         png = plot(document["story"], rows, out / "demo.png", label, story.checks_tokens)
-    write_json(out / "demo.json", document, rows)
+    write_json(out / "demo.json", document, rows, args.argv)
     ui.print(f"plot: {png}\nnumbers: {out / 'demo.json'}\ntook {wall_s // 60:.0f} min "
              f"{wall_s % 60:.0f} s")  # fmt: skip
     return _exit_code(story, rows, ui)

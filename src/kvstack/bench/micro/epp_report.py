@@ -8,7 +8,7 @@ from typing import Any
 from kvstack.bench.report import num, stale_line, table, target
 from kvstack.bench.results import newest
 
-__all__ = ["render"]
+__all__ = ["headline", "render"]
 
 BAR_P99_MS = 2.0  # the issue's bar: added decision p99 at 500 decisions/s
 
@@ -77,3 +77,22 @@ def render(results: Path) -> str:
             + ".",
         ]
     return "\n".join(out)
+
+
+def headline(results: Path) -> list[tuple[str, str, str]]:
+    r = newest(results, "epp")
+    if r is None:
+        return []
+    lat = r.result["latency"]
+    top = max(lat["kvstack"], key=float)
+    k, n = lat["kvstack"][top], lat["null"][top]
+    p99 = k["decision_p99_ms"]["median"]
+    return [
+        (
+            f"endpoint picker at {float(top):g} decisions/s offered: decision p99",
+            f"{num(k['decision_p99_ms']['median'])} ms at {num(k['achieved_rps']['median'])}/s "
+            f"achieved (a null ext_proc server {num(n['decision_p99_ms']['median'])} ms; "
+            f"{target(p99 <= BAR_P99_MS, f'target ≤ {BAR_P99_MS:g} ms')})",
+            f"`{r.command}`",
+        )
+    ]

@@ -7,7 +7,7 @@ from pathlib import Path
 from kvstack.bench.report import stale_line, table, target
 from kvstack.bench.results import newest
 
-__all__ = ["render"]
+__all__ = ["headline", "render"]
 
 _NAMES = {
     "in_process": "in process (reference)",
@@ -89,3 +89,19 @@ def render(results: Path) -> str:
             ),
         ]
     )
+
+
+def headline(results: Path) -> list[tuple[str, str, str]]:
+    r = newest(results, "index")
+    if r is None:
+        return []
+    look = r.result["lookup_128k"]
+    return [
+        (
+            f"cluster KV index: lookup of a {r.result['prompt_tokens']:,}-token prompt, p99",
+            f"Valkey {look['valkey']['p99_ms']:.2f} ms, index server over ZMQ "
+            f"{look['service_zmq']['p99_ms']:.2f} ms "
+            f"(in process {look['in_process']['p99_ms']:.2f} ms)",
+            f"`{r.command}`",
+        )
+    ]
