@@ -30,6 +30,7 @@ __all__ = [
     "num",
     "regions_in",
     "render_all",
+    "render_commands",
     "run",
     "stale_line",
     "table",
@@ -38,7 +39,7 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = Path("benchmarks/results")
-TARGETS = (Path("docs/benchmarks.md"), Path("README.md"))
+TARGETS = (Path("docs/benchmarks.md"), Path("README.md"), Path("benchmarks/README.md"))
 
 # region name -> "module:function"; the function takes the results folder, returns Markdown.
 # A region's module also has ``headline(results) -> list[(what, figure, command)]``: its rows of
@@ -58,6 +59,7 @@ REGIONS: dict[str, str] = {
     "epp": "kvstack.bench.micro.epp_report:render",
     "index": "kvstack.bench.micro.index_report:render",
     "readme": "kvstack.bench.readme_table:render",
+    "commands": "kvstack.bench.report:render_commands",
 }
 
 _REGION = re.compile(
@@ -113,6 +115,26 @@ def stale_line(result: Result) -> str:
     if result.stale:
         text += f" **Stale:** {result.stale}"
     return text
+
+
+def render_commands(results: Path) -> str:
+    """Every committed result's command line exactly as it ran, with its file and commit."""
+    from kvstack.bench.results import load
+
+    rows = []
+    for path in sorted(results.glob("*/*.json")):
+        r = load(path)
+        posix = path.as_posix()
+        rel = (
+            posix[posix.find("benchmarks/results/") :] if "benchmarks/results/" in posix else posix
+        )
+        note = "transcribed" if r.provenance == "transcribed" else ""
+        if r.stale:
+            note = (note + ", " if note else "") + "stale"
+        rows.append((f"`{r.command}`", f"`{rel}`", r.day, f"`{r.commit}`", note))
+    if not rows:
+        return "_No committed results yet._"
+    return table(("command, exactly as run", "result", "measured", "commit", "note"), rows)
 
 
 def _renderer(spec: str) -> Callable[[Path], str]:
