@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+
+import pytest
 
 from kvstack.config_cli import reference_markdown
 
@@ -32,3 +35,20 @@ def test_docs_the_readme_links_exist() -> None:
                    "examples/"):  # fmt: skip
         assert target in readme
         assert (ROOT / target).exists(), target
+
+
+def test_the_readme_block_diagram_is_what_scripts_diagram_py_draws(tmp_path: Path) -> None:
+    from matplotlib.testing.compare import compare_images
+
+    committed = ROOT / "docs" / "img" / "kvstack-blocks.png"
+    assert "](docs/img/kvstack-blocks.png)" in (ROOT / "README.md").read_text()
+    assert committed.stat().st_size < 100_000
+    spec = importlib.util.spec_from_file_location("diagram", ROOT / "scripts" / "diagram.py")
+    assert spec is not None and spec.loader is not None
+    diagram = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diagram)
+    fresh = diagram.draw(tmp_path / "blocks.png")
+    # A changed word moves the RMS by ~2; font rasterisation across versions by far less.
+    difference = compare_images(str(committed), str(fresh), tol=0.5)
+    if difference is not None:
+        pytest.fail(f"regenerate it: PYTHONPATH=src python scripts/diagram.py ({difference})")

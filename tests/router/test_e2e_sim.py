@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 class SimFleet:
     router_url: str
     engines: dict[str, ManagedProcess]  # url -> process
+    router_log: Path
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.router_url}/v1", api_key="none", max_retries=0)
@@ -56,13 +57,16 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimFleet]:
             "  health: {interval_s: 0.2, timeout_s: 0.5}\n"
             "  models:\n    - name: sim\n      targets:\n"
             "        - {model: sim-v1, weight: 80}\n        - {model: sim-v2, weight: 20}\n"
+            # The README's canary, whose targets no engine here serves.
+            "    - name: support\n      targets:\n"
+            "        - {model: support-v1, weight: 90}\n        - {model: support-v2, weight: 10}\n"
         )
         port = free_port()
         argv = [sys.executable, "-m", "kvstack", "router", "--config", str(config)]
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         router = ManagedProcess("router", argv, logs / "router.log").start()
         router.wait_healthy(f"http://127.0.0.1:{port}/health", 60)
-        yield SimFleet(f"http://127.0.0.1:{port}", engines)
+        yield SimFleet(f"http://127.0.0.1:{port}", engines, logs / "router.log")
     finally:
         if router is not None:
             router.stop()
@@ -83,6 +87,15 @@ def test_openai_client_streams_and_not(fleet: SimFleet) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
     ids = {m.id for m in client.models.list().data}
     assert ids == {"sim-v1", "sim-v2", "sim"}
+
+
+def test_unserved_canary_is_warned_at_start_and_not_listed(fleet: SimFleet) -> None:
+    lines = fleet.router_log.read_text().splitlines()
+    warned = [line for line in lines if "is served by no backend" in line]
+    assert len(warned) == 2, warned  # one line per target, not one per health round
+    assert "'support': target 'support-v1' is served by no backend" in warned[0]
+    assert "'support': target 'support-v2' is served by no backend" in warned[1]
+    assert "support" not in {m.id for m in fleet.client().models.list().data}
 
 
 def test_x_request_id_appears_once(fleet: SimFleet) -> None:

@@ -9,7 +9,9 @@ import yaml
 
 from kvstack.config import load_config, load_section
 from kvstack.lora.config import LoRAConfig
+from kvstack.router.config import ROUTER_PORT, RouterConfig
 from kvstack.stack.components import plan_stack
+from kvstack.stack.config import StackConfig
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
@@ -46,3 +48,11 @@ def test_there_are_examples_for_each_shape() -> None:
         "prefill-decode",
         "multi-tenant-lora",
     } <= names
+
+
+def test_the_cli_the_stack_and_the_examples_share_one_router_port() -> None:
+    stack_router = StackConfig().router
+    assert stack_router is not None and stack_router.port == RouterConfig().port == ROUTER_PORT
+    assert ROUTER_PORT != 8000  # vLLM's own default: an engine on the same host would collide
+    routers = [load_config(p, env={}).stack.router for p in EXAMPLES]
+    assert {r.port for r in routers if r is not None} == {ROUTER_PORT}

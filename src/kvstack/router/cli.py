@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvstack.errors import ConfigError
 from kvstack.router.cli_aliases import add_production_stack_flags, production_stack_settings
-from kvstack.router.config import RouterConfig
+from kvstack.router.config import ROUTER_PORT, RouterConfig
 from kvstack.router.scheduling.config import POLICIES
 from kvstack.section import deep_merge, load_section, log_config_once
 
@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvstack router", description="OpenAI-compatible router")
     p.add_argument("--config", help="YAML file with a `router` section")
     p.add_argument("--host", help="listen address (default 0.0.0.0)")
-    p.add_argument("--port", type=int, help="listen port (default 8080)")
+    p.add_argument("--port", type=int, help=f"listen port (default {ROUTER_PORT})")
     p.add_argument("--backend", action="append", metavar="URL", help="a backend (repeatable)")
     p.add_argument("--policy", choices=POLICIES, help="routing policy")
     p.add_argument(

@@ -44,7 +44,12 @@ from kvstack.router.pd.config import PDConfig
 from kvstack.router.scheduling.config import POLICIES, PipelineConfig, PluginSpec, PrefixConfig
 from kvstack.section import Section, parse_size
 
+# The router's one default port, for `kvstack router` and `kvstack up` alike: not vLLM's 8000,
+# so a router and an engine on one host never ask for the same port.
+ROUTER_PORT = 8080
+
 __all__ = [
+    "ROUTER_PORT",
     "AdaptersConfig",
     "ApiKeyConfig",
     "AuthConfig",
@@ -222,7 +227,7 @@ class AdaptersConfig(Section):
 
 class RouterConfig(Section):
     host: str = Field(default="0.0.0.0", description="listen address")
-    port: int = Field(default=8080, ge=1, le=65535, description="listen port")
+    port: int = Field(default=ROUTER_PORT, ge=1, le=65535, description="listen port")
     backends: list[BackendConfig] = Field(
         default_factory=list, description="static backends (discovery.kind = static)"
     )

@@ -34,6 +34,7 @@ from kvstack.router.scheduling.pipeline import Pipeline, build_plugin, preset
 from kvstack.router.scheduling.plugins.base import Plugin, PluginContext
 from kvstack.router.scheduling.scheduler import RoutingScheduler
 from kvstack.router.scheduling.services import prefix_state
+from kvstack.router.scheduling.unserved import UnservedTargets
 from kvstack.router.telemetry import Telemetry
 from kvstack.router.tenancy import Tenancy
 from kvstack.router.upstream.control import ControlClient
@@ -89,9 +90,15 @@ class Router:
             self.context.services["replicas"] = ReplicaSync(config.prefix, prefix, self.pool)
         # Services the plugins created (prefix state, cost model): shared, started first.
         self.services: list[Any] = list(self.context.services.values())
-        self.models = ModelRouter(config.models, config.model_aliases, rng)
+        registered = None if self.adapters is None else self.adapters.knows
+        self.models = ModelRouter(config.models, config.model_aliases, rng, registered)
+        self.unserved = UnservedTargets(self.models)
         self.health = HealthChecker(
-            self.pool, self.client, config.health, on_round=self.auth.reload_if_changed
+            self.pool,
+            self.client,
+            config.health,
+            on_round=self.auth.reload_if_changed,
+            after_round=self._check_targets,
         )
         self.scraper = MetricsScraper(self.pool, self.client, config.scrape)
         self.scheduler = RoutingScheduler(
@@ -136,6 +143,7 @@ class Router:
         await self.client.start()
         await self.discovery.start(self._publish)
         await self.health.start()
+        self._check_targets()  # after the first model reads: warn about unserved targets
         await self.scraper.start()
         for service in self.services:
             if hasattr(service, "start"):
@@ -164,6 +172,9 @@ class Router:
 
     def plugins(self) -> list[Plugin]:
         return [self.admission, *self.pipeline.plugins()]
+
+    def _check_targets(self) -> None:
+        self.unserved.check(self.pool.states())
 
     def _publish(self, backends: Sequence[Backend]) -> None:
         self.pool.apply(backends)
@@ -197,10 +208,11 @@ class Router:
         }
 
     def models_payload(self, tenant: str | None = None) -> dict[str, Any]:
-        """``/v1/models``: the union of the backends' lists, then routes and aliases, then the
-        registry's adapters. A caller with a tenant sees only that tenant's adapters: the
-        adapters the engines list (other tenants' among them) are left out of its list, and
-        the registry contributes the tenant's own."""
+        """``/v1/models``: the union of the backends' lists, then the routes and aliases that
+        can be served now (judged on the backends' latest lists, so a route appears once a
+        backend reports one of its targets), then the registry's adapters. A caller with a
+        tenant sees only that tenant's adapters: the adapters the engines list (other tenants'
+        among them) are left out of its list, and the registry contributes the tenant's own."""
         seen: dict[str, dict[str, Any]] = {}
         hide_adapters = tenant is not None and self.config.adapters.tenant_isolation
         for state in self.pool.states():
@@ -208,7 +220,7 @@ class Router:
                 if hide_adapters and (entry.get("parent") or entry.get("id") in state.adapters):
                     continue
                 seen.setdefault(str(entry.get("id")), entry)
-        for entry in self.models.listed():
+        for entry in self.models.listed(self.pool.states()):
             seen.setdefault(entry["id"], entry)
         if self.adapters is not None:
             for entry in self.adapters.listed(tenant):

@@ -11,7 +11,7 @@ A two-engine stack with a shared disk tier behind the router::
           model: toy            # toy | toy-small | a local model directory
           connector:
             tiers: ["cpu://?size=1GiB", "file://{run_dir}/kv?size=4GiB"]
-      router: {port: 8000}
+      router: {port: 8080}      # the router's default port, as for `kvstack router`
       index: {port: 8300}       # optional: the cluster KV index service
       redis: {port: 6390}       # optional: a local redis-server (must be on PATH)
 
@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from kvstack.router.config import ROUTER_PORT
 from kvstack.section import Section
 
 __all__ = [
@@ -105,7 +106,7 @@ class StackEngineSpec(Section):
 
 
 class RouterSpec(Section):
-    port: int | None = Field(default=8000, ge=1, le=65535, description="listen port")
+    port: int | None = Field(default=ROUTER_PORT, ge=1, le=65535, description="listen port")
     policy: str | None = Field(default=None, description="routing policy (router default if None)")
     config: dict[str, Any] = Field(
         default_factory=dict, description="more `router` section keys (backends are filled in)"

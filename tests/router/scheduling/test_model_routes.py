@@ -39,4 +39,43 @@ def test_model_routes_resolve_and_list() -> None:
     assert err.value.known == ["alias", "b", "base", "s", "v1", "v2"] and err.value.status == 404
     with pytest.raises(NoBackendError, match="reported its models"):
         router.resolve("zzz", _states(a=[]))
-    assert [e["id"] for e in router.listed()] == ["s", "alias", "b"]
+    assert [e["id"] for e in router.listed(states)] == ["s", "alias", "b"]
+
+
+def _canary_router(registered: set[str] | None = None) -> ModelRouter:
+    routes = [
+        ModelRoute.model_validate(
+            {"name": "support", "targets": [{"model": "support-v1"}, {"model": "support-v2"}]}
+        ),
+        ModelRoute.model_validate({"name": "s", "targets": [{"model": "v1"}, {"model": "v2"}]}),
+    ]
+    aliases = {"help": "support", "old": "gone", "fast": "v1"}
+    known = None if registered is None else registered.__contains__
+    return ModelRouter(routes, aliases, random.Random(0), known)
+
+
+def test_a_route_or_alias_with_nothing_served_is_not_listed_and_is_named() -> None:
+    router = _canary_router()
+    states = _states(a=["v1"], b=["base"])
+    assert [e["id"] for e in router.listed(states)] == ["s", "fast"]
+    assert router.listed(states)[0]["root"] == "v1"  # the served target, not the first one
+    assert router.unserved(states) == [
+        ("support", "support-v1", False),
+        ("support", "support-v2", False),
+        ("s", "v2", True),  # v1 still takes the route's requests
+        ("old", "gone", False),
+    ]
+    # A backend reporting a target later: the same router lists the route at once.
+    later = _states(a=["v1", "v2"], b=["support-v2"])
+    assert [e["id"] for e in router.listed(later)] == ["support", "s", "help", "fast"]
+    assert router.unserved(later) == [("support", "support-v1", True), ("old", "gone", False)]
+
+
+def test_a_target_the_adapter_registry_knows_counts_as_servable() -> None:
+    router = _canary_router(registered={"support-v1"})
+    states = _states(a=["v1", "v2"])
+    assert [e["id"] for e in router.listed(states)] == ["support", "s", "help", "fast"]
+    assert router.unserved(states) == [
+        ("support", "support-v2", True),
+        ("old", "gone", False),
+    ]

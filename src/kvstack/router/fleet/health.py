@@ -39,11 +39,15 @@ class HealthChecker:
         client: ControlClient,
         config: HealthConfig,
         on_round: Callable[[], None] | None = None,
+        after_round: Callable[[], None] | None = None,
     ) -> None:
+        """``on_round`` runs in a thread after each round (it may block); ``after_round`` runs
+        on the loop, after each round's checks and model reads (it must not block)."""
         self._pool = pool
         self._client = client
         self._config = config
         self._on_round = on_round
+        self._after_round = after_round
         self._task: asyncio.Task[None] | None = None
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -76,6 +80,8 @@ class HealthChecker:
         while True:
             await asyncio.sleep(self._config.interval_s)
             await self.check_all()
+            if self._after_round is not None:
+                self._after_round()
             if self._on_round is not None:  # e.g. re-reading the API keys file: off the loop
                 await asyncio.to_thread(self._on_round)
 
