@@ -83,6 +83,9 @@ class ExtProcStream:
         except NoBackendError as exc:
             error = RequestError(str(exc), 503, code="no_backend")
             responses = self._refuse(error, 503)
+        except Exception:  # the request's boundary: a bug answers this request, not the stream
+            log.exception("the endpoint picker failed on a %s message", kind)
+            responses = self._failed(kind, message)
         return [] if message.observability_mode else responses
 
     def close(self) -> None:
@@ -166,6 +169,25 @@ class ExtProcStream:
         DECISION.observe(time.perf_counter() - started_s)
         ANSWERS.labels("picked").inc()
         return responses
+
+    def _failed(self, kind: str | None, message: ext_proc.ProcessingRequest) -> Responses:
+        """Before the pick: a 500 to the client naming the failure. After it the request is on
+        its way: the message passes unchanged and the request is finished as cancelled."""
+        if self.placement is None or kind is None or not kind.startswith("response_"):
+            error = RequestError(
+                "the endpoint picker failed on this request (see its log)", 500,
+                code="epp_internal",
+            )  # fmt: skip
+            return self._refuse(error, 500)
+        self._finish("cancelled")
+        if kind == "response_body":
+            body = message.response_body
+            if self.response_mode == _MODES.FULL_DUPLEX_STREAMED:
+                return protocol.body_chunks("response_body", body.body, body.end_of_stream)
+            return [protocol.continue_body("response_body")]
+        if kind == "response_trailers":
+            return [protocol.continue_trailers("response_trailers")]
+        return [protocol.continue_headers("response_headers")]
 
     def _pick_headers(self, placement: Placement) -> ext_proc.ProcessingResponse:
         return protocol.continue_headers(
