@@ -55,6 +55,13 @@ ANSWERS = counter(
 )
 
 
+PICKED = ANSWERS.labels("picked")
+
+
+def _request_headers(placement: Placement) -> dict[str, str]:
+    return {protocol.DESTINATION_KEY: placement.endpoint, **placement.set_headers}
+
+
 class ExtProcStream:
     def __init__(self, picker: EndpointPicker, request_mode: str, response_mode: str) -> None:
         self.picker = picker
@@ -163,11 +170,14 @@ class ExtProcStream:
             responses += protocol.body_chunks("request_body", placement.body, True)
         else:
             body = placement.body if placement.rewritten else None
-            mutation = self._request_mutation(placement)
-            metadata = protocol.picked_metadata(placement.endpoint)
-            responses = [protocol.continue_body("request_body", mutation, body, metadata, True)]
+            responses = [
+                protocol.continue_body(
+                    "request_body", _request_headers(placement), placement.remove_headers,
+                    body, placement.endpoint, True,
+                )
+            ]  # fmt: skip
         DECISION.observe(time.perf_counter() - started_s)
-        ANSWERS.labels("picked").inc()
+        PICKED.inc()
         return responses
 
     def _failed(self, kind: str | None, message: ext_proc.ProcessingRequest) -> Responses:
@@ -191,16 +201,9 @@ class ExtProcStream:
 
     def _pick_headers(self, placement: Placement) -> ext_proc.ProcessingResponse:
         return protocol.continue_headers(
-            "request_headers",
-            self._request_mutation(placement),
-            protocol.picked_metadata(placement.endpoint),
-            clear_route_cache=True,
-        )
-
-    @staticmethod
-    def _request_mutation(placement: Placement) -> ext_proc.HeaderMutation:
-        headers = {protocol.DESTINATION_KEY: placement.endpoint, **placement.set_headers}
-        return protocol.header_mutation(headers, placement.remove_headers)
+            "request_headers", _request_headers(placement), placement.remove_headers,
+            placement.endpoint, clear_route_cache=True,
+        )  # fmt: skip
 
     def _refuse(self, error: RequestError, status: int) -> Responses:
         self.done = True
@@ -214,17 +217,16 @@ class ExtProcStream:
         headers = protocol.header_map(message.response_headers)
         self._status = int(headers.get(":status", "0") or 0)
         placement = self.placement
-        mutation = None
+        answer: list[tuple[str, str]] = []
         if placement is not None:
             self._check_served(protocol.served_endpoint(message), placement)
             answer = [(k.decode(), v.decode("latin-1")) for k, v in placement.response_headers]
-            mutation = protocol.header_mutation(answer)
             flight = placement.flight
             if flight is not None and self.response_mode == _MODES.NONE:
                 flight.first_byte(b"", time.perf_counter() - self._arrival_s)  # no body seen
             if message.response_headers.end_of_stream:
                 self._finish(self._outcome())
-        return [protocol.continue_headers("response_headers", mutation)]
+        return [protocol.continue_headers("response_headers", answer)]
 
     def _response_body(self, body: ext_proc.HttpBody) -> Responses:
         flight = self.placement.flight if self.placement is not None else None
