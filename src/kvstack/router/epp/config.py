@@ -166,7 +166,8 @@ class EppConfig(Section):
         ge=1,
         description="requests that may wait for their pick at once; the next stream is "
         "refused with gRPC RESOURCE_EXHAUSTED at once (the gateway's failure mode decides: "
-        "fail-open routes without the EPP), so overload never queues picks for seconds",
+        "fail-open routes without the EPP), so overload never queues picks for seconds; "
+        "gRPC core's queue of calls not yet taken is bounded at the same size",
     )
     idle_timeout_s: float = Field(
         default=300.0,

@@ -7,7 +7,10 @@ calls that had waited longest in its queue of calls the server had not yet taken
 saw ``CANCELLED``, or ``INTERNAL`` when its write raced the cancellation). The gate admits at
 most ``limit`` streams between their start and their pick; the next one is refused at once
 with ``RESOURCE_EXHAUSTED``, a refusal that costs almost nothing, so the EPP keeps pace with
-the streams it admits. The gateway then applies its failure mode: fail-open (Envoy's
+the streams it admits. When the event loop itself is saturated, new calls wait in gRPC core
+before any handler sees them; the server bounds that queue at the same size
+(``grpc.server.max_pending_requests``), and core ends the calls past it at once. The gateway
+then applies its failure mode: fail-open (Envoy's
 ``failure_mode_allow``, GIE's ``FailOpen``) routes the request without the EPP, fail-closed
 answers the client with an error at once. The default bound follows Envoy's default
 ``message_timeout`` of 200 ms: 64 picks of the ~3 ms one costs in Python fit in it; a request

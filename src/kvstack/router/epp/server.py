@@ -193,11 +193,16 @@ class EppServer:
 
     def _server(self, max_streams: int) -> grpc.aio.Server:
         limit = self.router.config.limits.max_request_bytes + 2**20
+        pending = self.config.max_pending_decisions
         server = grpc.aio.server(
             options=[
                 ("grpc.max_concurrent_streams", max_streams),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
+                # Calls gRPC core holds because a saturated event loop has not taken them yet:
+                # bounded too, or they wait seconds before core cancels them (limits.py).
+                ("grpc.server.max_pending_requests", pending),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
             ]
         )
         self._servers.append(server)
