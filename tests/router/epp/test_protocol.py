@@ -12,16 +12,18 @@ import grpc
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client import REGISTRY
 
 from kvstack.errors import ConfigError
 from kvstack.router.epp.build import build_epp
 from kvstack.router.epp.config import EppConfig
+from kvstack.router.epp.protocol import endpoint_of
 from kvstack.router.epp.server import epp_token
 from kvstack.router.epp.tls import self_signed_pair
 from kvstack.security import SecurityConfig, load_keys, write_secret_file
 from tests.router.conftest import engines, router_config
 from tests.router.epp.conftest import serve_epp
-from tests.router.epp.envoy import BUFFERED, FULL_DUPLEX, STREAMED, EnvoyDouble
+from tests.router.epp.envoy import BUFFERED, FULL_DUPLEX, STREAMED, EnvoyDouble, _headers
 from tests.router.fake_engine import FakeEngine
 
 CHAT = {"model": "toy", "messages": [{"role": "user", "content": "hello there"}], "max_tokens": 4}
@@ -152,3 +154,43 @@ async def test_tls_with_a_configured_certificate(tmp_path: Path) -> None:
         envoy = EnvoyDouble(f"127.0.0.1:{epp.server.port}", credentials, options=options)
         assert (await envoy.pick("/v1/chat/completions", CHAT)).endpoint == epp.endpoint(a)
         await envoy.close()
+
+
+async def test_the_response_side_teaches_ttft_and_releases_the_prefill_share() -> None:
+    """What the router learns from a relayed answer, the EPP learns from the ext_proc response
+    messages: the cost model's rates, the TTFT metrics, the load lease's prefill share."""
+
+    def sample(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ttft = {"learn": True, "prefill_tokens_per_s": 8000.0}
+    pipeline = {"scorers": [{"name": "ttft", "args": ttft}]}
+    fleet = engines(FakeEngine("a"), FakeEngine("b"))  # two: a lone candidate is not scored
+    async with fleet as [a, b], serve_epp([a, b], pipeline=pipeline) as epp:
+        router = epp.server.router
+        scorer = router.scheduler.pipeline.scorers[0].scorer
+        prior = list(scorer.model.fleet.w)
+        errors = sample("kvstack_router_ttft_prediction_error_seconds_count")
+        ttfts = sample("kvstack_router_ttft_seconds_count", model="toy")
+        async with epp.envoy.stream() as s:
+            answer = await s.send_request("/v1/chat/completions", {**CHAT, "stream": True})
+            state = next(
+                st for st in router.pool.states() if endpoint_of(st.url) == answer.endpoint
+            )
+            await asyncio.sleep(0.3)  # the engine's prefill, as the gateway sees it
+            headers = _headers({":status": "200", "content-type": "text/event-stream"})
+            await s.call.write(pb.ProcessingRequest(response_headers=headers))
+            await s.call.read()
+            assert (state.in_flight, state.pending) == (1, 1)  # headers are not a token
+            first = pb.HttpBody(body=b'data: {"model": "toy", "choices": []}\n\n')
+            await s.call.write(pb.ProcessingRequest(response_body=first))
+            await s.call.read()
+            assert (state.in_flight, state.pending) == (1, 0)  # prefill share back
+            assert scorer.model.fleet.samples == 1 and scorer.model.fleet.w != prior
+            assert sample("kvstack_router_ttft_prediction_error_seconds_count") == errors + 1
+            last = pb.HttpBody(body=b"data: [DONE]\n\n", end_of_stream=True)
+            await s.call.write(pb.ProcessingRequest(response_body=last))
+            await s.call.read()
+        assert (state.in_flight, state.pending) == (0, 0)
+        assert sample("kvstack_router_ttft_seconds_count", model="toy") == ttfts + 1
+        assert scorer.model.fleet.w[0] > prior[0]  # 0.3 s observed: the learnt base grew

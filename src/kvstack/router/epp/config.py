@@ -161,6 +161,22 @@ class EppConfig(Section):
     max_streams: int = Field(
         default=10000, ge=1, description="concurrent ext_proc streams (HTTP requests)"
     )
+    max_pending_decisions: int = Field(
+        default=64,
+        ge=1,
+        description="requests that may wait for their pick at once; the next stream is "
+        "refused with gRPC RESOURCE_EXHAUSTED at once (the gateway's failure mode decides: "
+        "fail-open routes without the EPP), so overload never queues picks for seconds; "
+        "gRPC core's queue of calls not yet taken is bounded at the same size",
+    )
+    idle_timeout_s: float = Field(
+        default=300.0,
+        ge=0,
+        description="a stream on which the gateway sends nothing for this long is closed "
+        "(DEADLINE_EXCEEDED) and its request finished as cancelled; keep it above the "
+        "slowest first response byte (a non-streamed completion's headers come at its end); "
+        "0: never",
+    )
     pool: PoolConfig = Field(default_factory=PoolConfig, description="Kubernetes resources")
     grace_s: float = Field(default=5.0, ge=0, description="shutdown grace for open streams")
 

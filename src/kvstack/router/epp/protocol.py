@@ -17,6 +17,7 @@ Every builder here returns one ``ProcessingResponse``; nothing here keeps state.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -61,6 +62,7 @@ CHUNK_BYTES = 62 * 1024
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 
+@functools.lru_cache(maxsize=4096)
 def endpoint_of(url: str) -> str:
     """A backend URL's ``ip:port`` (``[v6]:port`` for IPv6), as the protocol names endpoints."""
     parts = urlsplit(url)
@@ -111,65 +113,101 @@ def picked_metadata(endpoint: str) -> struct_pb2.Struct:
     return metadata
 
 
+Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+
+
 def header_mutation(
-    set_headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
-    remove: Sequence[str] = (),
+    set_headers: Headers = (), remove: Sequence[str] = ()
 ) -> ext_proc.HeaderMutation:
+    mutation = ext_proc.HeaderMutation()
+    _fill_mutation(mutation, set_headers, remove)
+    return mutation
+
+
+def _fill_mutation(
+    target: ext_proc.HeaderMutation, set_headers: Headers, remove: Sequence[str]
+) -> None:
+    """Headers set (overwriting) and removed, written into ``target`` in place: every answer is
+    built where it is sent, not assembled from parts and copied (a third of its cost)."""
     pairs = set_headers.items() if isinstance(set_headers, Mapping) else set_headers
-    options = [
-        base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1", "replace")),
-            append_action=_OVERWRITE,
-        )
-        for key, value in pairs
-    ]
-    return ext_proc.HeaderMutation(set_headers=options, remove_headers=list(remove))
+    options = target.set_headers
+    for key, value in pairs:
+        option = options.add()
+        option.header.key = key
+        option.header.raw_value = value.encode("latin-1", "replace")
+        option.append_action = _OVERWRITE
+    if remove:
+        target.remove_headers.extend(remove)
+
+
+def _common(
+    common: ext_proc.CommonResponse,
+    set_headers: Headers,
+    remove: Sequence[str],
+    clear_route_cache: bool,
+) -> None:
+    common.SetInParent()  # an empty CommonResponse is CONTINUE
+    if set_headers or remove:
+        _fill_mutation(common.header_mutation, set_headers, remove)
+    if clear_route_cache:
+        common.clear_route_cache = True
 
 
 def continue_headers(
     phase: str,
-    mutation: ext_proc.HeaderMutation | None = None,
-    metadata: struct_pb2.Struct | None = None,
+    set_headers: Headers = (),
+    remove: Sequence[str] = (),
+    endpoint: str | None = None,
     clear_route_cache: bool = False,
 ) -> ext_proc.ProcessingResponse:
-    """The answer to ``request_headers`` or ``response_headers`` (``phase``)."""
-    common = ext_proc.CommonResponse(header_mutation=mutation, clear_route_cache=clear_route_cache)
-    response = ext_proc.ProcessingResponse(dynamic_metadata=metadata)
-    getattr(response, phase).CopyFrom(ext_proc.HeadersResponse(response=common))
+    """The answer to ``request_headers`` or ``response_headers`` (``phase``); ``endpoint``: the
+    pick, also set as the ``envoy.lb`` metadata."""
+    response = ext_proc.ProcessingResponse()
+    phase_answer = getattr(response, phase)
+    _common(phase_answer.response, set_headers, remove, clear_route_cache)
+    if endpoint is not None:
+        response.dynamic_metadata.get_or_create_struct(LB_NAMESPACE)[DESTINATION_KEY] = endpoint
     return response
 
 
 def continue_body(
     phase: str,
-    mutation: ext_proc.HeaderMutation | None = None,
+    set_headers: Headers = (),
+    remove: Sequence[str] = (),
     body: bytes | None = None,
-    metadata: struct_pb2.Struct | None = None,
+    endpoint: str | None = None,
     clear_route_cache: bool = False,
 ) -> ext_proc.ProcessingResponse:
     """The answer to a buffered ``request_body`` or ``response_body`` (``phase``): headers may
     still change (buffered mode only), ``body`` replaces the body when given."""
-    common = ext_proc.CommonResponse(header_mutation=mutation, clear_route_cache=clear_route_cache)
+    response = ext_proc.ProcessingResponse()
+    common = getattr(response, phase).response
+    _common(common, set_headers, remove, clear_route_cache)
     if body is not None:
         common.body_mutation.body = body
-    response = ext_proc.ProcessingResponse(dynamic_metadata=metadata)
-    getattr(response, phase).CopyFrom(ext_proc.BodyResponse(response=common))
+    if endpoint is not None:
+        response.dynamic_metadata.get_or_create_struct(LB_NAMESPACE)[DESTINATION_KEY] = endpoint
     return response
 
 
 def body_chunks(phase: str, body: bytes, end_of_stream: bool) -> list[ext_proc.ProcessingResponse]:
     """A body sent back in full-duplex mode: ``streamed_response`` chunks, the last one
     carrying ``end_of_stream`` when the body ends here (an empty body is one empty chunk)."""
-    pieces = [body[i : i + CHUNK_BYTES] for i in range(0, len(body), CHUNK_BYTES)] or [b""]
-    responses = []
-    for i, piece in enumerate(pieces):
-        common = ext_proc.CommonResponse()
-        streamed = common.body_mutation.streamed_response
-        streamed.body = piece
-        streamed.end_of_stream = end_of_stream and i == len(pieces) - 1
-        response = ext_proc.ProcessingResponse()
-        getattr(response, phase).CopyFrom(ext_proc.BodyResponse(response=common))
-        responses.append(response)
-    return responses
+    if len(body) <= CHUNK_BYTES:  # the common case (every streamed token): no slicing
+        return [_streamed(phase, body, end_of_stream)]
+    last = (len(body) - 1) // CHUNK_BYTES * CHUNK_BYTES
+    return [
+        _streamed(phase, body[i : i + CHUNK_BYTES], end_of_stream and i == last)
+        for i in range(0, len(body), CHUNK_BYTES)
+    ]
+
+
+def _streamed(phase: str, piece: bytes, end_of_stream: bool) -> ext_proc.ProcessingResponse:
+    response = ext_proc.ProcessingResponse()
+    streamed = getattr(response, phase).response.body_mutation.streamed_response
+    streamed.body = piece
+    streamed.end_of_stream = end_of_stream
+    return response
 
 
 def continue_trailers(phase: str) -> ext_proc.ProcessingResponse:

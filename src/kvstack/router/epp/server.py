@@ -7,6 +7,11 @@ control plane. Each ext_proc stream (one HTTP request) is an
 :class:`~kvstack.router.epp.stream.ExtProcStream` over the shared
 :class:`~kvstack.router.epp.picker.EndpointPicker`.
 
+Bounds (:mod:`kvstack.router.epp.limits`): at most ``epp.max_pending_decisions`` streams wait
+for their pick (the next is refused with ``RESOURCE_EXHAUSTED``, so overload is a fast refusal,
+never a queue that gRPC core ends with ``CANCELLED``), and a stream silent for
+``epp.idle_timeout_s`` is closed with ``DEADLINE_EXCEEDED``.
+
 Also served: the gRPC health service with the names GIE's protocol lists (``liveness``,
 ``readiness``, ``envoy.service.ext_proc.v3.ExternalProcessor``; readiness once the router has
 started), on the ext_proc port and, plaintext, on ``health_port`` for kubelet probes; and
@@ -32,9 +37,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from kvstack.router.epp.config import EppConfig
+from kvstack.router.epp.limits import DecisionGate, IdleWatchdog
 from kvstack.router.epp.objectives import ObjectiveBook
 from kvstack.router.epp.picker import EndpointPicker
-from kvstack.router.epp.stream import ExtProcStream
+from kvstack.router.epp.stream import ANSWERS, ExtProcStream
 from kvstack.router.epp.tls import server_credentials
 from kvstack.router.router import Router
 from kvstack.security import ClusterKeys, SecurityConfig, check_bind
@@ -46,6 +52,8 @@ EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_NAMES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+REFUSED_OVERLOAD = ANSWERS.labels("overloaded")  # RESOURCE_EXHAUSTED: the gate was full
+REFUSED_IDLE = ANSWERS.labels("idle_timeout")  # DEADLINE_EXCEEDED: the gateway fell silent
 
 
 def epp_token(keys: ClusterKeys) -> str:
@@ -58,22 +66,56 @@ class ExtProcService(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
         self.picker = picker
         self.config = config
         self._keys = keys
+        self.gate = DecisionGate(config.max_pending_decisions)
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_proc.ProcessingRequest], context: Any
     ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         if self._keys is not None and not self._authorized(context):
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong EPP token")
+        gate = self.gate
+        if not gate.enter():
+            REFUSED_OVERLOAD.inc()
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"the endpoint picker has {gate.limit} requests waiting for a pick "
+                "(epp.max_pending_decisions); the gateway's failure mode decides",
+            )
         stream = ExtProcStream(
             self.picker, self.config.request_body_mode, self.config.response_body_mode
         )
+        watchdog = IdleWatchdog(self.config.idle_timeout_s)
+        deciding = True
+        messages = request_iterator.__aiter__()
         try:
-            async for message in request_iterator:
+            while True:
+                watchdog.waiting = True
+                try:
+                    message = await messages.__anext__()
+                except StopAsyncIteration:
+                    return
+                watchdog.waiting = False
+                watchdog.touch()
                 for response in await stream.handle(message):
                     yield response
+                if deciding and (stream.placement is not None or stream.done):
+                    deciding = False
+                    gate.leave()
                 if stream.done:
                     return
+        except asyncio.CancelledError:
+            if not watchdog.expired:
+                raise
+            _uncancel()
+            REFUSED_IDLE.inc()
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no ext_proc message for {watchdog.timeout_s:g} s (epp.idle_timeout_s)",
+            )
         finally:
+            if deciding:
+                gate.leave()
+            watchdog.close()
             stream.close()
 
     def _authorized(self, context: Any) -> bool:
@@ -101,6 +143,7 @@ class EppServer:
         self.security = security or SecurityConfig()
         self.keys = keys
         self.picker = EndpointPicker(router, config, objectives)
+        self.service = ExtProcService(self.picker, config, keys)
         self.watches = watches or []  # objective watches, started after the router
         self.health = health.aio.HealthServicer()
         self.port = config.port
@@ -114,9 +157,7 @@ class EppServer:
         for name in HEALTH_NAMES:
             await self.health.set(name, _SERVING if name in ("", "liveness") else _NOT_SERVING)
         main = self._server(cfg.max_streams)
-        ext_proc_grpc.add_ExternalProcessorServicer_to_server(
-            ExtProcService(self.picker, cfg, self.keys), main
-        )
+        ext_proc_grpc.add_ExternalProcessorServicer_to_server(self.service, main)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, main)
         address = f"{_host(cfg.host)}:{cfg.port}"
         credentials = server_credentials(cfg.tls)
@@ -152,11 +193,16 @@ class EppServer:
 
     def _server(self, max_streams: int) -> grpc.aio.Server:
         limit = self.router.config.limits.max_request_bytes + 2**20
+        pending = self.config.max_pending_decisions
         server = grpc.aio.server(
             options=[
                 ("grpc.max_concurrent_streams", max_streams),
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.max_send_message_length", limit),
+                # Calls gRPC core holds because a saturated event loop has not taken them yet:
+                # bounded too, or they wait seconds before core cancels them (limits.py).
+                ("grpc.server.max_pending_requests", pending),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * pending),
             ]
         )
         self._servers.append(server)
@@ -172,6 +218,13 @@ class EppServer:
         for watch in reversed(self.watches):
             await watch.close()
         await self.router.close()
+
+
+def _uncancel() -> None:
+    """The watchdog's cancellation is handled here: the task goes on to send the status."""
+    task = asyncio.current_task()
+    if task is not None and hasattr(task, "uncancel"):  # Python 3.11+
+        task.uncancel()
 
 
 def _host(host: str) -> str:

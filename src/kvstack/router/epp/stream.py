@@ -55,6 +55,13 @@ ANSWERS = counter(
 )
 
 
+PICKED = ANSWERS.labels("picked")
+
+
+def _request_headers(placement: Placement) -> dict[str, str]:
+    return {protocol.DESTINATION_KEY: placement.endpoint, **placement.set_headers}
+
+
 class ExtProcStream:
     def __init__(self, picker: EndpointPicker, request_mode: str, response_mode: str) -> None:
         self.picker = picker
@@ -83,6 +90,9 @@ class ExtProcStream:
         except NoBackendError as exc:
             error = RequestError(str(exc), 503, code="no_backend")
             responses = self._refuse(error, 503)
+        except Exception:  # the request's boundary: a bug answers this request, not the stream
+            log.exception("the endpoint picker failed on a %s message", kind)
+            responses = self._failed(kind, message)
         return [] if message.observability_mode else responses
 
     def close(self) -> None:
@@ -160,25 +170,40 @@ class ExtProcStream:
             responses += protocol.body_chunks("request_body", placement.body, True)
         else:
             body = placement.body if placement.rewritten else None
-            mutation = self._request_mutation(placement)
-            metadata = protocol.picked_metadata(placement.endpoint)
-            responses = [protocol.continue_body("request_body", mutation, body, metadata, True)]
+            responses = [
+                protocol.continue_body(
+                    "request_body", _request_headers(placement), placement.remove_headers,
+                    body, placement.endpoint, True,
+                )
+            ]  # fmt: skip
         DECISION.observe(time.perf_counter() - started_s)
-        ANSWERS.labels("picked").inc()
+        PICKED.inc()
         return responses
+
+    def _failed(self, kind: str | None, message: ext_proc.ProcessingRequest) -> Responses:
+        """Before the pick: a 500 to the client naming the failure. After it the request is on
+        its way: the message passes unchanged and the request is finished as cancelled."""
+        if self.placement is None or kind is None or not kind.startswith("response_"):
+            error = RequestError(
+                "the endpoint picker failed on this request (see its log)", 500,
+                code="epp_internal",
+            )  # fmt: skip
+            return self._refuse(error, 500)
+        self._finish("cancelled")
+        if kind == "response_body":
+            body = message.response_body
+            if self.response_mode == _MODES.FULL_DUPLEX_STREAMED:
+                return protocol.body_chunks("response_body", body.body, body.end_of_stream)
+            return [protocol.continue_body("response_body")]
+        if kind == "response_trailers":
+            return [protocol.continue_trailers("response_trailers")]
+        return [protocol.continue_headers("response_headers")]
 
     def _pick_headers(self, placement: Placement) -> ext_proc.ProcessingResponse:
         return protocol.continue_headers(
-            "request_headers",
-            self._request_mutation(placement),
-            protocol.picked_metadata(placement.endpoint),
-            clear_route_cache=True,
-        )
-
-    @staticmethod
-    def _request_mutation(placement: Placement) -> ext_proc.HeaderMutation:
-        headers = {protocol.DESTINATION_KEY: placement.endpoint, **placement.set_headers}
-        return protocol.header_mutation(headers, placement.remove_headers)
+            "request_headers", _request_headers(placement), placement.remove_headers,
+            placement.endpoint, clear_route_cache=True,
+        )  # fmt: skip
 
     def _refuse(self, error: RequestError, status: int) -> Responses:
         self.done = True
@@ -192,17 +217,16 @@ class ExtProcStream:
         headers = protocol.header_map(message.response_headers)
         self._status = int(headers.get(":status", "0") or 0)
         placement = self.placement
-        mutation = None
+        answer: list[tuple[str, str]] = []
         if placement is not None:
             self._check_served(protocol.served_endpoint(message), placement)
             answer = [(k.decode(), v.decode("latin-1")) for k, v in placement.response_headers]
-            mutation = protocol.header_mutation(answer)
             flight = placement.flight
             if flight is not None and self.response_mode == _MODES.NONE:
                 flight.first_byte(b"", time.perf_counter() - self._arrival_s)  # no body seen
             if message.response_headers.end_of_stream:
                 self._finish(self._outcome())
-        return [protocol.continue_headers("response_headers", mutation)]
+        return [protocol.continue_headers("response_headers", answer)]
 
     def _response_body(self, body: ext_proc.HttpBody) -> Responses:
         flight = self.placement.flight if self.placement is not None else None

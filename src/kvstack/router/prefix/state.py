@@ -172,7 +172,7 @@ class PrefixState:
         for b in backends:
             mode = self.modes.get(b.id)
             is_precise = prompt.exact and mode is not None and mode.precise(now)
-            tiers[b.id] = _backend_tiers(match, b.id, is_precise, shared.get(b.id, {}))
+            tiers[b.id] = _backend_tiers(match, b.id, is_precise, shared.get(b.id) or _NO_TIERS)
             fullness[b.id] = self.fullness(b, is_precise)
             if is_precise:
                 precise.add(b.id)
@@ -292,6 +292,9 @@ class PrefixState:
         self.modes.setdefault(backend_id, BackendMode(has_events=True)).invalid = reason
 
 
+_NO_TIERS: dict[str, int] = {}  # read only
+
+
 def _engine_capacity(backend: BackendView) -> int | None:
     """Tokens of KV the engine holds (``vllm:cache_config_info``), when scraped."""
     engine = backend.engine
@@ -308,7 +311,10 @@ def _backend_tiers(
         tiers = {t: match.tokens(Owner(backend_id, t)) for t in EVENT_TIERS}
         tiers["gpu"] = max(tiers["gpu"], inflight)
     else:
-        tiers = {"routed": max(match.tokens(Owner(backend_id, "routed")), inflight)}
+        routed = max(match.tokens(Owner(backend_id, "routed")), inflight)
+        if not index_tiers:  # the common case: the routed belief alone, no copy to filter
+            return {"routed": routed} if routed else {}
+        tiers = {"routed": routed}
     for tier, n in index_tiers.items():
         tiers[tier] = max(tiers.get(tier, 0), n)
     return {t: n for t, n in tiers.items() if n}

@@ -14,6 +14,10 @@ DEFAULT_WEIGHT = 0.5  # a tier without a configured weight
 def credited_tokens(tiers: Mapping[str, int], weights: Mapping[str, float]) -> float:
     """Cached tokens credited by tier: each token counts once, at the best weight of the tiers
     holding it (tiers hold prefixes, so a longer match in a worse tier adds only its tail)."""
+    if len(tiers) <= 1:  # the common case (one tier, or none): nothing to order
+        for tier, tokens in tiers.items():
+            return weights.get(tier, DEFAULT_WEIGHT) * tokens if tokens > 0 else 0.0
+        return 0.0
     credit = 0.0
     covered = 0
     for tier, tokens in sorted(tiers.items(), key=lambda kv: -weights.get(kv[0], DEFAULT_WEIGHT)):
