@@ -18,7 +18,9 @@ def test_both_backends_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     argv = ["--entries", "20000", "--lookups", "10", "--rounds", "2", "--no-cluster", "--json",
             str(out)]  # fmt: skip
     assert index.run(argv) == 0
-    result = json.loads(out.read_text())
+    document = json.loads(out.read_text())
+    assert document["bench"] == "index" and document["command"].startswith("kvstack bench index")
+    result = document["result"]
     arms = result["lookup_128k"]
     assert {"in_process", "service_zmq", "service_http", "valkey", "service_http_json"} == set(arms)
     assert arms["valkey"]["n"] == 10 and arms["valkey"]["server_cpu_ms"] is not None

@@ -28,6 +28,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -36,6 +37,7 @@ from typing import Any
 
 import yaml
 
+from kvstack.bench import results
 from kvstack.bench.compare.ports import free_port, free_port_range
 from kvstack.bench.load.stats import percentile
 from kvstack.bench.micro.epp_load import ExtProcLoad, closed_loop, open_loop
@@ -231,11 +233,11 @@ def report(figures: dict[str, Any], args: argparse.Namespace) -> bool:
 
 def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="kvstack-bench-epp-") as tmp, ExitStack() as stack:
         arms = _start(stack, Path(tmp), args.engines)
         figures = measure(args, arms)
     ok = report(figures, args)
-    if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
-                                         **figures}, indent=2))  # fmt: skip
+    body = {"args": {k: v for k, v in vars(args).items() if k != "json"}, **figures}
+    results.save("epp", argv, body, args.json, started=started)
     return 0 if ok else 1

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -36,6 +35,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from kvstack.bench import results
 from kvstack.bench.load.stats import percentile
 from kvstack.bench.micro import index_servers, index_workload
 from kvstack.bench.micro.index_workload import NUM_INSTANCES, PROMPT_TOKENS, check
@@ -242,14 +242,14 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--no-cluster", action="store_true", help="skip the Redis Cluster arm")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)
+    started = time.time()
     result = measure(args)
     result.update(load_average=os.getloadavg()[0], instances=NUM_INSTANCES,
                   prompt_tokens=PROMPT_TOKENS, chunk_size=index_workload.CHUNK,
                   bar_p99_ms=BAR_MS, command=["kvstack", "bench", "index", *argv])  # fmt: skip
     result["verdict"] = _verdict(result)
     report(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    results.save("index", argv, result, args.json, started=started)
     return 0
 
 
