@@ -260,3 +260,24 @@ def test_promoting_a_version_the_base_model_no_longer_fits_is_refused(
     config.write_text(json.dumps(fields))  # the base model it was made for: released
     capsys.readouterr()
     assert run("adapters", ["promote", "bot@1"]) == 0
+
+
+def test_build_toy_writes_peft_adapters_that_fit_the_toy_model_it_copies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README tour's adapters: real PEFT files of the toy model, distinct per seed, whose
+    shapes the verifier accepts against the base model directory written beside them."""
+    from kvstack.lora.basemodel import BaseModelDims
+    from kvstack.lora.manifest import Manifest
+    from kvstack.lora.peft_format import inspect_adapter
+
+    base, outs = tmp_path / "toy", [tmp_path / "a" / "v1", tmp_path / "a" / "v2"]
+    argv = ["build-toy", *map(str, outs), "--base-model-dir", str(base), "--rank", "4"]
+    assert run("adapters", argv) == 0, capsys.readouterr().err
+    dims = BaseModelDims.from_config_dir("toy", base)
+    for out in outs:
+        info = inspect_adapter(out, dims, ("q_proj", "v_proj"), 1 << 30)
+        assert (info.rank, info.target_modules) == (4, ("q_proj", "v_proj"))
+    digests = {Manifest.of_dir(out).digest for out in outs}
+    assert len(digests) == 2  # seeds 1 and 2: different weights, so different versions
+    assert "seed 2" in capsys.readouterr().out

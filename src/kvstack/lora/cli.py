@@ -10,6 +10,7 @@
     kvstack adapters rollback ID
     kvstack adapters disable ID@V
     kvstack adapters keygen --out DIR          (an Ed25519 key pair for signing)
+    kvstack adapters build-toy DIR... --base-model-dir BASE   (PEFT adapters of the toy model)
     kvstack adapters audit [ID] [--limit N]
 
 ``promote`` and ``canary`` first run every load-time check (digest, signature, base model and
@@ -92,6 +93,12 @@ def _parser() -> argparse.ArgumentParser:
     cmd("disable", _disable, "never serve a version again").add_argument("ref")
     k = cmd("keygen", _keygen, "write an Ed25519 key pair")
     k.add_argument("--out", type=Path, required=True)
+    b = cmd("build-toy", _build_toy, "write real PEFT adapters of kvstack's toy model")
+    b.add_argument("out", nargs="+", type=Path, help="one adapter directory each")
+    b.add_argument("--base-model-dir", type=Path, required=True,
+                   help="where the toy model goes (lora.base_models.<name>.path)")  # fmt: skip
+    b.add_argument("--seed", type=int, default=1, help="the first adapter's seed; then +1 each")
+    b.add_argument("--rank", type=int, default=8)
     a = cmd("audit", _audit, "show the audit log, newest first")
     a.add_argument("adapter_id", nargs="?")
     a.add_argument("--limit", type=int, default=50)
@@ -237,6 +244,23 @@ def _keygen(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     key_id = generate_keypair(a.out / "signing-key.pem", a.out / "signing-key.pub.pem")
     print(f"key {key_id}: {a.out / 'signing-key.pem'} (private), {a.out / 'signing-key.pub.pem'}")
+    return 0
+
+
+def _build_toy(a: argparse.Namespace) -> int:
+    """Adapters to try the control plane with, without a model download: the random-weight toy
+    Llama (kvstack.models.toy) copied to ``--base-model-dir`` and one PEFT adapter of it per
+    directory (peft's own ``save_pretrained``, random non-zero weights, distinct seeds)."""
+    import shutil
+
+    from kvstack.models.toy import build_toy_lora, build_toy_model
+
+    model = build_toy_model()
+    shutil.copytree(model, a.base_model_dir, dirs_exist_ok=True)
+    print(f"toy model: {a.base_model_dir}")
+    for seed, out in enumerate(a.out, start=a.seed):
+        build_toy_lora(a.base_model_dir, out, rank=a.rank, seed=seed)
+        print(f"adapter: {out} (rank {a.rank}, q_proj and v_proj, seed {seed})")
     return 0
 
 
