@@ -33,10 +33,7 @@ def _write(
 def test_met_and_missed_story_bars_and_load_rows(tmp_path: Path) -> None:
     _write(tmp_path, "full", _story(10.0, 1.2, 0.4), [_row("off", 2.0), _row("on", 1.0)], 300.0)
     text = report_md.render(tmp_path)
-    assert (
-        "| 2. engine B, through kvstack's shared tier | 1.20 s | 0.120× | ≤ 0.1× cold: **missed** |"
-        in text
-    )
+    assert "(A stopped) | 1.20 s | 0.120× | ≤ 0.1× cold: **missed** |" in text
     assert (
         "| 4. after both engines restart, from disk | 0.40 s | 0.040× | ≤ 0.1× cold: met |" in text
     )

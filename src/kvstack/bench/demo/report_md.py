@@ -31,7 +31,7 @@ def _story_rows(story: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     cold = story["cold_ttft_s"]
     rows = [("1. engine A reads the document cold", f"{cold:.2f} s", "1", "")]
     for step, key, bar in (
-        ("2. engine B, through kvstack's shared tier", "other_instance_ttft_s", True),
+        ("2. engine B, through kvstack's shared tier (A stopped)", "other_instance_ttft_s", True),
         ("3. engine B, vLLM alone (no kvstack)", "other_instance_without_kvstack_ttft_s", False),
         ("4. after both engines restart, from disk", "after_restart_ttft_s", True),
     ):

@@ -159,7 +159,8 @@ def _story_and_load(
         engines = StoryEngines(urls[ENGINES[0]], urls[ENGINES[1]], urls[ALONE], run_dir / "kv",
                                "demo", checks_tokens=args.engines == "vllm")  # fmt: skip
         prompts = make_prompts(builder, S.DOCUMENT_TOKENS, S.QUESTION_TOKENS)
-        story = tell_story(engines, prompts, lambda: _restart(stack, builder, ui), ui)
+        story = tell_story(engines, prompts, lambda: _restart(stack, builder, ui), ui,
+                           stop_a=lambda: stack.stop_components([ENGINES[0]]))  # fmt: skip
         print_check(story, ui)
         if quick:
             return story, []

@@ -1,8 +1,10 @@
 """The demo's story: one long document, prefilled once, answered everywhere.
 
 1. Engine A (kvstack) reads the document cold (with a first question).
-2. Engine B (kvstack), another process, gets another question on it: kvstack loads the
-   document's KV that A stored in the shared disk tier.
+2. Engine A stops once its KV is on the shared disk; engine B (kvstack), another process,
+   gets another question on it: kvstack loads the document's KV that A stored there. (A stops
+   first so that B is timed alone, as every cross-instance figure is: right after a cold
+   request A's process still works for seconds, and on 2 cores that work shares B's core.)
 3. The same question on an engine without kvstack ("vLLM alone", on B's cores): it prefills.
 4. Both kvstack engines stop and start again; B gets the question again, from the disk tier.
 5. The answers of 2 and 4 must be token for token, logprob for logprob, those of vLLM alone.
@@ -116,7 +118,11 @@ def _encode(builder: PromptBuilder, text: str, expected: int) -> tuple[int, ...]
 
 
 def tell_story(
-    engines: StoryEngines, prompts: StoryPrompts, restart: Callable[[], None], ui: DemoConsole
+    engines: StoryEngines,
+    prompts: StoryPrompts,
+    restart: Callable[[], None],
+    ui: DemoConsole,
+    stop_a: Callable[[], None] = lambda: None,
 ) -> Story:
     """Run the five steps, printing a line after each; see the module docstring."""
     doc, question = prompts.document, prompts.question
@@ -126,9 +132,11 @@ def tell_story(
     ui.step(1, f"engine A reads a {n:,}-token document cold", cold.ttft_s)
     with ui.phase("engine A's KV reaches the shared disk tier"):
         _wait_for_chunks(engines.shared_dir, n // CHUNK_TOKENS)
+    with ui.phase("engine A stops: the document's KV is only on the shared disk now"):
+        stop_a()
     other, loaded_other = _ask_counting(engines.b, engines.model, doc + question, n)
     ui.step(2, "engine B, another process, answers a question through kvstack", other.ttft_s,
-            f"({loaded_other:,} tokens loaded from the shared tier)")  # fmt: skip
+            f"({loaded_other:,} tokens loaded from the shared tier; A has stopped)")  # fmt: skip
     with ui.phase("vLLM alone (no kvstack) prefills the document on B's cores"):
         alone = ask(engines.alone, engines.model, doc + question, ANSWER_TOKENS)
     ui.step(3, "the same question without kvstack (vLLM alone, B's cores)", alone.ttft_s)
