@@ -22,7 +22,18 @@ SRC = ROOT / "src" / "kvstack"
 
 # Bottom first. A top-level module (kvstack/x.py) or package (kvstack/x/) is one unit.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "section", "metrics", "log", "procs", "registry", "extras", "security", "redact"),
+    (
+        "errors",
+        "section",
+        "metrics",
+        "log",
+        "procs",
+        "registry",
+        "extras",
+        "security",
+        "redact",
+        "output",
+    ),
     ("kv",),
     ("cluster", "index", "models"),
     ("sim", "lora", "integrations", "deploy"),

@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,17 +76,72 @@ def test_release_cycle(
     assert "verified acme-support@v2" in cli("verify", "acme-support@v2")
     listing = cli("list")
     assert "acme-support@v1" in listing and "active" in listing and "staged" in listing
-    assert json.loads(cli("canary", "acme-support@v2", "--percent", "25"))["canary_percent"] == 25
-    assert json.loads(cli("promote", "acme-support@v2"))["stable_version"] == "v2"
-    assert json.loads(cli("rollback", "acme-support"))["stable_version"] == "v1"
-    assert json.loads(cli("disable", "acme-support@v2"))["stable_version"] == "v1"
-    shown = json.loads(cli("show", "acme-support"))
+    assert cli("canary", "acme-support@v2", "--percent", "25").startswith(
+        "canary: acme-support: stable v1, canary v2 at 25% (updated 20"
+    )
+    assert json.loads(cli("promote", "acme-support@v2", "--json"))["stable_version"] == "v2"
+    rolled = cli("rollback", "acme-support")
+    assert rolled.startswith("rolled back: acme-support: stable v1"), rolled
+    disabled = json.loads(cli("disable", "acme-support@v2", "--json"))
+    assert (disabled["stable_version"], disabled["canary_version"]) == ("v1", None)
+    assert re.fullmatch(ISO, disabled["updated_at"])
+    shown = json.loads(cli("show", "acme-support", "--json"))
     assert [v["status"] for v in shown["versions"]] == ["active", "disabled"]
-    assert re.search(r"acme-support@v1 .* 20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", listing)
+    assert shown["release"]["stable_version"] == "v1"
+    assert re.search(rf"acme-support@v1 .* {ISO}", listing)
     audit = cli("audit", "acme-support")
-    assert re.match(r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", audit)  # ISO-8601, not epoch
+    assert re.match(rf"{ISO} ", audit)  # ISO-8601, not epoch
     for action in ("register", "sign", "verify", "canary", "promote", "rollback", "disable"):
         assert action in audit
+
+
+ISO = r"20\d\d-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+def test_every_verb_prints_text_by_default_and_one_json_document_with_json(
+    env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Text for people (a line, or a table with ISO-8601 times); ``--json``: the same facts as
+    one JSON document, the only thing on stdout."""
+
+    def both(*argv: str) -> tuple[str, Any]:
+        assert run("adapters", list(argv)) == 0, capsys.readouterr().err
+        text = capsys.readouterr().out
+        assert run("adapters", [*argv, "--json"]) == 0, capsys.readouterr().err
+        return text, json.loads(capsys.readouterr().out)
+
+    keys = tmp_path / "keys"
+    assert run("adapters", ["keygen", "--out", str(keys), "--json"]) == 0
+    key = json.loads(capsys.readouterr().out)
+    assert key["private_key"] == str(keys / "signing-key.pem") and key["key_id"]
+    src = synthetic_adapter(tmp_path / "sources" / "1", seed=1)
+    assert run("adapters", [*_register_args(src, "1"), "--json"]) == 0
+    registered = json.loads(capsys.readouterr().out)
+    assert (registered["engine_name"], registered["status"], registered["served"]) == (
+        "bot@1",
+        "active",
+        False,  # unsigned: not served until signed
+    )
+    assert re.fullmatch(ISO, registered["created_at"])
+    signed = json.loads(_out(capsys, "sign", "bot@1", "--key", key["private_key"], "--json"))
+    assert signed["signer"] == key["key_id"] and signed["signature"]
+    text, verified = both("verify", "bot@1")
+    assert text.startswith("verified bot@1:") and verified["sha256"] == registered["sha256"]
+    text, listed = both("list")
+    assert re.search(rf"^bot@1 +active +acme +gold .* yes +{ISO}$", text, re.M)
+    assert [v["engine_name"] for v in listed["versions"]] == ["bot@1"]
+    text, shown = both("show", "bot")
+    assert text.splitlines()[0].startswith("bot: stable 1 (updated 20")
+    assert "bot@1" in text and shown["release"]["stable_version"] == "1"
+    text, audit = both("audit", "bot", "--limit", "2")
+    assert len(text.splitlines()) == len(audit["entries"]) == 2
+    newest = audit["entries"][0]
+    assert newest["action"] == "verify" and re.fullmatch(ISO, newest["ts"])
+
+
+def _out(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert run("adapters", list(argv)) == 0, capsys.readouterr().err
+    return capsys.readouterr().out
 
 
 def test_rejections_name_the_reason(
@@ -173,7 +229,7 @@ def test_promoting_an_unsigned_version_is_refused_and_force_needs_no_trusted_key
     assert run("adapters", ["sign", "bot@2", "--key", str(keys / "signing-key.pem")]) == 0
     capsys.readouterr()
     assert run("adapters", ["promote", "bot@2"]) == 0
-    assert json.loads(capsys.readouterr().out)["stable_version"] == "2"
+    assert capsys.readouterr().out.startswith("promoted: bot: stable 2, rollback to 1")
     assert run("adapters", ["audit", "bot"]) == 0
     audit = capsys.readouterr().out
     assert "promote" in audit and "reject" in audit and "unsigned" in audit
@@ -185,7 +241,7 @@ def test_promoting_an_unsigned_version_is_refused_and_force_needs_no_trusted_key
     capsys.readouterr()
     assert run("adapters", ["promote", "bot@3"]) == 1
     assert "unsigned" in capsys.readouterr().err
-    assert run("adapters", ["promote", "bot@3", "--force"]) == 0
+    assert run("adapters", ["promote", "bot@3", "--force", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["stable_version"] == "3"
     assert run("adapters", ["audit", "bot", "--limit", "1"]) == 0
     assert "forced: released without verification" in capsys.readouterr().out

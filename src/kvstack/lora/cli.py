@@ -19,23 +19,35 @@ a key: then the way to release a version is to sign it.
 
 Settings come from the ``lora`` config section (``KVSTACK_CONFIG``, ``KVSTACK_LORA_*``);
 ``--registry-url`` and ``--store`` override the registry URL and the artifact store.
+
+Every verb prints text for people (lines, and tables for ``list`` and ``show``, times as
+ISO-8601); ``--json`` after the verb prints one JSON document instead, for scripts: a version's
+fields for ``register``, ``sign`` and ``verify``, the release (stable, canary, rollback) for
+``promote``, ``canary``, ``rollback`` and ``disable``, ``{"versions": [...]}`` for ``list``,
+``{"release": ..., "versions": [...]}`` for ``show``, ``{"entries": [...]}`` for ``audit``.
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import json
 import sys
 from collections.abc import Callable
-from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from kvstack.errors import KVStackError
-from kvstack.lora.adapters import AdapterVersion
+from kvstack.lora.cli_output import (
+    Shown,
+    audit_lines,
+    audit_row,
+    release_line,
+    release_row,
+    version_row,
+    version_table,
+)
 from kvstack.lora.config import LoRAConfig
+from kvstack.output import add_json_flag, print_json
 
 __all__ = ["run"]
 
@@ -43,10 +55,15 @@ __all__ = ["run"]
 def run(command: str, argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
-        return int(args.handler(args))
+        shown: Shown = args.handler(args)
     except KVStackError as exc:
         print(f"kvstack adapters {args.action}: {exc}", file=sys.stderr)
         return 1
+    if args.json:
+        return print_json(shown.data)
+    if shown.text:
+        print(shown.text)
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,9 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="action", required=True)
 
     def cmd(
-        name: str, handler: Callable[[argparse.Namespace], int], help_: str
+        name: str, handler: Callable[[argparse.Namespace], Shown], help_: str
     ) -> argparse.ArgumentParser:
-        sp = sub.add_parser(name, help=help_)
+        sp = add_json_flag(sub.add_parser(name, help=help_))
         sp.set_defaults(handler=handler)
         return sp
 
@@ -146,16 +163,7 @@ def _ref(ref: str) -> tuple[str, str]:
     return parsed
 
 
-def _print_json(value: Any) -> int:
-    print(json.dumps(value, indent=2, sort_keys=True, default=str))
-    return 0
-
-
-def _row(v: AdapterVersion) -> dict[str, Any]:
-    return {**asdict(v), "status": v.status.value}
-
-
-def _register(a: argparse.Namespace) -> int:
+def _register(a: argparse.Namespace) -> Shown:
     config = _config(a)
     v = _plane(a, config).register(
         a.source,
@@ -170,84 +178,77 @@ def _register(a: argparse.Namespace) -> int:
         tokenizer_revision=a.tokenizer_revision,
     )
     status = v.status.value
-    if not v.signature and config.require_signature and status == "active":
+    unserved = not v.signature and config.require_signature and status == "active"
+    if unserved:
         status = (
             f"active, unsigned: not served until signed (kvstack adapters sign {v.engine_name})"
         )
-    print(f"registered {v.engine_name} ({status}) sha256={v.sha256} rank={v.rank}")
-    return 0
+    text = f"registered {v.engine_name} ({status}) sha256={v.sha256} rank={v.rank}"
+    return Shown(text, {**version_row(v), "served": status == "active"})
 
 
-def iso_time(epoch_s: float) -> str:
-    """``2026-12-01T18:36:48.123Z``: ISO-8601 in UTC, as the listings print times."""
-    moment = datetime.fromtimestamp(epoch_s, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _list(a: argparse.Namespace) -> int:
+def _list(a: argparse.Namespace) -> Shown:
     versions = _registry(a).list_adapters(a.tenant)
-    header = f"{'ADAPTER@VERSION':<40} {'STATUS':<10} {'TENANT':<16} {'TIER':<10} {'RANK':>4}"
-    print(f"{header}  SIGNED  {'CREATED':<24}")
-    for v in versions:
-        signed = "yes" if v.signature else "no"
-        print(
-            f"{v.engine_name:<40} {v.status.value:<10} {v.tenant_id:<16} {v.priority_tier:<10} "
-            f"{v.rank:>4}  {signed:<6}  {iso_time(v.created_at)}"
-        )
-    return 0
+    return Shown(version_table(versions), {"versions": [version_row(v) for v in versions]})
 
 
-def _show(a: argparse.Namespace) -> int:
+def _show(a: argparse.Namespace) -> Shown:
     from kvstack.errors import RegistryError
 
     registry = _registry(a)
     release = registry.release(a.adapter_id)
     if release is None:
         raise RegistryError(f"unknown adapter {a.adapter_id!r}")
-    versions = [_row(v) for v in registry.versions(a.adapter_id)]
-    return _print_json({"release": asdict(release), "versions": versions})
+    versions = registry.versions(a.adapter_id)
+    text = f"{release_line(release)}\n{version_table(versions)}"
+    data = {"release": release_row(release), "versions": [version_row(v) for v in versions]}
+    return Shown(text, data)
 
 
-def _sign(a: argparse.Namespace) -> int:
+def _sign(a: argparse.Namespace) -> Shown:
     v = _plane(a).sign(*_ref(a.ref), a.key, a.actor)
-    print(f"signed {v.engine_name} with key {v.signer}")
-    return 0
+    return Shown(f"signed {v.engine_name} with key {v.signer}", version_row(v))
 
 
-def _verify(a: argparse.Namespace) -> int:
+def _verify(a: argparse.Namespace) -> Shown:
     v = _plane(a).verify(*_ref(a.ref), a.actor)
-    print(f"verified {v.engine_name}: digest, signature, format and shapes ok")
-    return 0
+    text = f"verified {v.engine_name}: digest, signature, format and shapes ok"
+    return Shown(text, version_row(v))
 
 
-def _promote(a: argparse.Namespace) -> int:
-    return _print_json(asdict(_plane(a).promote(*_ref(a.ref), a.actor, force=a.force)))
+def _released(verb: str, release: Any) -> Shown:
+    return Shown(f"{verb}: {release_line(release)}", release_row(release))
 
 
-def _canary(a: argparse.Namespace) -> int:
+def _promote(a: argparse.Namespace) -> Shown:
+    return _released("promoted", _plane(a).promote(*_ref(a.ref), a.actor, force=a.force))
+
+
+def _canary(a: argparse.Namespace) -> Shown:
     adapter_id, version = _ref(a.ref)
     release = _plane(a).canary(adapter_id, version, a.percent, a.actor, force=a.force)
-    return _print_json(asdict(release))
+    return _released("canary", release)
 
 
-def _rollback(a: argparse.Namespace) -> int:
-    return _print_json(asdict(_plane(a).rollback(a.adapter_id, a.actor)))
+def _rollback(a: argparse.Namespace) -> Shown:
+    return _released("rolled back", _plane(a).rollback(a.adapter_id, a.actor))
 
 
-def _disable(a: argparse.Namespace) -> int:
-    return _print_json(asdict(_plane(a).disable(*_ref(a.ref), a.actor)))
+def _disable(a: argparse.Namespace) -> Shown:
+    return _released(f"disabled {a.ref}", _plane(a).disable(*_ref(a.ref), a.actor))
 
 
-def _keygen(a: argparse.Namespace) -> int:
+def _keygen(a: argparse.Namespace) -> Shown:
     from kvstack.lora.signing import generate_keypair
 
     a.out.mkdir(parents=True, exist_ok=True)
-    key_id = generate_keypair(a.out / "signing-key.pem", a.out / "signing-key.pub.pem")
-    print(f"key {key_id}: {a.out / 'signing-key.pem'} (private), {a.out / 'signing-key.pub.pem'}")
-    return 0
+    private, public = a.out / "signing-key.pem", a.out / "signing-key.pub.pem"
+    key_id = generate_keypair(private, public)
+    text = f"key {key_id}: {private} (private), {public}"
+    return Shown(text, {"key_id": key_id, "private_key": str(private), "public_key": str(public)})
 
 
-def _build_toy(a: argparse.Namespace) -> int:
+def _build_toy(a: argparse.Namespace) -> Shown:
     """Adapters to try the control plane with, without a model download: the random-weight toy
     Llama (kvstack.models.toy) copied to ``--base-model-dir`` and one PEFT adapter of it per
     directory (peft's own ``save_pretrained``, random non-zero weights, distinct seeds)."""
@@ -257,19 +258,16 @@ def _build_toy(a: argparse.Namespace) -> int:
 
     model = build_toy_model()
     shutil.copytree(model, a.base_model_dir, dirs_exist_ok=True)
-    print(f"toy model: {a.base_model_dir}")
+    lines, adapters = [f"toy model: {a.base_model_dir}"], []
     for seed, out in enumerate(a.out, start=a.seed):
         build_toy_lora(a.base_model_dir, out, rank=a.rank, seed=seed)
-        print(f"adapter: {out} (rank {a.rank}, q_proj and v_proj, seed {seed})")
-    return 0
+        lines.append(f"adapter: {out} (rank {a.rank}, q_proj and v_proj, seed {seed})")
+        adapters.append({"path": str(out), "rank": a.rank, "seed": seed})
+    return Shown("\n".join(lines), {"base_model_dir": str(a.base_model_dir), "adapters": adapters})
 
 
-def _audit(a: argparse.Namespace) -> int:
+def _audit(a: argparse.Namespace) -> Shown:
     from kvstack.lora.audit import AuditLog
 
-    for e in AuditLog(_config(a).registry_url).entries(a.adapter_id, limit=a.limit):
-        print(
-            f"{iso_time(e.ts)} {e.actor:<20} {e.action:<9} {e.adapter_id}@{e.version:<8} "
-            f"{e.decision:<7} {e.latency_ms:8.1f}ms {e.reason}"
-        )
-    return 0
+    entries = AuditLog(_config(a).registry_url).entries(a.adapter_id, limit=a.limit)
+    return Shown(audit_lines(entries), {"entries": [audit_row(e) for e in entries]})
