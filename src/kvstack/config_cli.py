@@ -1,4 +1,10 @@
-"""``kvstack config show | reference``: the effective configuration, or its reference table."""
+"""``kvstack config show | reference``: the effective configuration, or its reference table.
+
+``show`` prints the effective tree as YAML, the form a config file takes (secrets masked);
+``reference`` prints every key as a markdown table (docs/configuration.md). With ``--json``
+each prints one JSON document instead: the tree, or ``{"keys": [{key, type, default,
+description}, ...]}``.
+"""
 
 from __future__ import annotations
 
@@ -7,41 +13,60 @@ import json
 import re
 import types
 import typing
-from typing import Any
+from typing import Any, NamedTuple
 
+import yaml
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
 from kvstack.config import KVStackConfig, load_config
+from kvstack.output import add_json_flag, print_json
 from kvstack.redact import redact_data
 
-__all__ = ["reference_markdown", "run"]
+__all__ = ["ReferenceRow", "reference_markdown", "reference_rows", "run"]
+
+
+class ReferenceRow(NamedTuple):
+    """One key of the reference; ``default`` is None for a required key."""
+
+    key: str
+    type: str
+    default: Any
+    required: bool
+    description: str
+
+
+def reference_rows() -> list[ReferenceRow]:
+    """Every key of every section, in the config models' order."""
+    rows: list[ReferenceRow] = []
+    _walk(KVStackConfig, "", rows)
+    return rows
 
 
 def reference_markdown() -> str:
     """A markdown table of every section and key, generated from the config models."""
     lines = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
-    _walk(KVStackConfig, "", lines)
+    for row in reference_rows():
+        default = "required" if row.required else _show(row.default)
+        description = row.description.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| `{row.key}` | {row.type} | {default} | {description} |")
     return "\n".join(lines)
 
 
-def _walk(model: type[BaseModel], prefix: str, lines: list[str]) -> None:
+def _walk(model: type[BaseModel], prefix: str, rows: list[ReferenceRow]) -> None:
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         nested = _model_of(field.annotation)
         if nested is not None:
-            _walk(nested, f"{key}.", lines)
+            _walk(nested, f"{key}.", rows)
             continue
-        default = (
-            "required"
-            if field.is_required()
-            else _show(field.get_default(call_default_factory=True))
-        )
-        description = (field.description or "").replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| `{key}` | {_type_name(field.annotation)} | {default} | {description} |")
+        required = field.is_required()
+        default = None if required else field.get_default(call_default_factory=True)
+        type_name = _type_name(field.annotation)
+        rows.append(ReferenceRow(key, type_name, default, required, field.description or ""))
         item = _list_item_model(field.annotation)
         if item is not None:
-            _walk(item, f"{key}[].", lines)
+            _walk(item, f"{key}[].", rows)
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
@@ -76,16 +101,28 @@ def _show(value: Any) -> str:
 
 
 def run(command: str, argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvstack config", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvstack config",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="action", required=True)
-    show = sub.add_parser("show", help="print the effective configuration as JSON")
+    show = sub.add_parser("show", help="print the effective configuration as YAML")
     show.add_argument("--config", help="YAML file (default: $KVSTACK_CONFIG)")
-    sub.add_parser("reference", help="print the configuration reference as a markdown table")
+    reference = sub.add_parser("reference", help="print the reference as a markdown table")
+    for verb in (show, reference):
+        add_json_flag(verb)
     args = parser.parse_args(argv)
     if args.action == "show":
         cfg = load_config(args.config)
         shown = redact_data(cfg.model_dump(mode="json"))  # SecretStr is masked by pydantic
-        print(json.dumps(shown, indent=2, sort_keys=True))
+        if args.json:
+            return print_json(shown)
+        print(yaml.safe_dump(shown, sort_keys=True), end="")
+    elif args.json:
+        rows = [{**row._asdict(), "default": to_jsonable_python(row.default)} for row in
+                reference_rows()]  # fmt: skip
+        return print_json({"keys": rows})
     else:
         print(reference_markdown())
     return 0
