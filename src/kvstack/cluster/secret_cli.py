@@ -5,7 +5,9 @@
     kvstack security index-token PATH                the index's bearer token, for a scraper of
                                                      its /metrics (a credential: store it as one)
 
-The secret itself is never printed. Point ``security.cluster_secret_file`` (or
+``init-secret`` and ``fingerprint`` print ``PATH  fingerprint F``, or with ``--json`` one JSON
+document ``{"path": ..., "fingerprint": ...}``; ``index-token`` prints the bare token. The
+secret itself is never printed. Point ``security.cluster_secret_file`` (or
 ``KVSTACK_SECURITY_CLUSTER_SECRET_FILE``) of every component at the file; to rotate, see
 ``docs/security.md``.
 """
@@ -16,6 +18,7 @@ import argparse
 import sys
 
 from kvstack.errors import ConfigError
+from kvstack.output import add_json_flag, print_json
 from kvstack.security import MIN_SECRET_BYTES, SecurityConfig, load_keys, write_secret_file
 
 __all__ = ["run"]
@@ -33,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("path", help="a cluster secret file")
     token = verbs.add_parser("index-token", help="print the index's bearer token (a credential)")
     token.add_argument("path", help="a cluster secret file")
+    for verb in (init, show):
+        add_json_flag(verb)
     return p
 
 
@@ -58,5 +63,7 @@ def run(command: str, argv: list[str]) -> int:
 
         print(bearer_header(keys).removeprefix("Bearer "))
         return 0
+    if args.json:
+        return print_json({"path": str(path), "fingerprint": keys.fingerprint})
     print(f"{path}  fingerprint {keys.fingerprint}")
     return 0
