@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -112,14 +114,24 @@ def test_up_down_up_back_to_back_and_down_without_flags(tmp_path: Path) -> None:
     elsewhere.mkdir()
     cfg = write_config(tmp_path / "stack.yaml", tmp_path / "run", port)
     body = {"model": "toy", "prompt": "hi", "max_tokens": 1}
-    for _ in range(2):
-        up = kvstack("up", "--config", str(cfg), "--detach", "--no-progress", state=state)
+    for json_flag in ([], ["--json"]):  # the second round as a script would run it
+        up = kvstack(
+            "up", "--config", str(cfg), "--detach", "--no-progress", *json_flag, state=state
+        )
         assert up.returncode == 0, up.stderr
         with httpx.Client() as client:  # kept open across 'down': the server closes it
             assert client.post(f"http://127.0.0.1:{port}/v1/completions", json=body).is_success
-            down = kvstack("down", cwd=elsewhere, state=state)
+            down = kvstack("down", *json_flag, cwd=elsewhere, state=state)
         assert down.returncode == 0, down.stderr
-        assert "router" in down.stdout
+        if json_flag:
+            started, stopped = json.loads(up.stdout), json.loads(down.stdout)
+            urls = {c["name"]: c["url"] for c in started["components"]}
+            assert urls["router"] == f"http://127.0.0.1:{port}"
+            assert sorted(stopped["stopped"]) == sorted(urls)
+            assert stopped["run_dir"] == started["run_dir"] == str((tmp_path / "run").resolve())
+        else:
+            assert re.search(rf"^ +router  http://127\.0\.0\.1:{port}$", up.stdout, re.M)
+            assert "logs in " in up.stdout and "router" in down.stdout
     again = kvstack("down", cwd=elsewhere, state=state)
     assert again.returncode == 1
     assert "no running stack in" in again.stderr and "pass --run-dir DIR" in again.stderr

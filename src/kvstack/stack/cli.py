@@ -1,4 +1,11 @@
-"""``kvstack up`` and ``kvstack down`` (``kvstack demo`` lives in :mod:`kvstack.bench.demo`)."""
+"""``kvstack up`` and ``kvstack down`` (``kvstack demo`` lives in :mod:`kvstack.bench.demo`).
+
+Both print lines for people: ``up`` one per component (name, URL, cores) and where the logs
+are, ``down`` what it stopped. With ``--json`` each prints one JSON document instead, for
+scripts: ``{"run_dir", "logs", "components": [{"name", "kind", "url", "cores"}], "core_plan"}``
+and ``{"run_dir", "stopped": [...]}``; ``up`` then shows no live display and says the rest on
+stderr.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import threading
 from pathlib import Path
 
 from kvstack.errors import ConfigError, StackError
+from kvstack.output import add_json_flag, print_json
 from kvstack.section import load_section
 from kvstack.security import load_security
 from kvstack.stack.config import StackConfig
@@ -31,17 +39,16 @@ def _up(argv: list[str]) -> int:
     p.add_argument(
         "--no-progress", action="store_true", help="plain log lines instead of a live display"
     )
+    add_json_flag(p)
     args = p.parse_args(argv)
     config = load_section("stack", StackConfig, path=args.config)
     security, _ = load_security(path=args.config)
     stack = Stack(config, Path(args.run_dir) if args.run_dir else None, security)
-    stack.start(show_progress=not args.no_progress)
-    for c in stack.components:
-        cores = f"  computes on cores {format_cpu_list(c.cores)}" if c.cores else ""
-        print(f"{c.name:>16}  {c.url}{cores}")
-    if stack.core_plan is not None:
-        print(stack.core_plan.summary())
-    print(f"logs in {stack.run_dir / 'logs'}")
+    stack.start(show_progress=not (args.no_progress or args.json))
+    if args.json:
+        print_json(_started(stack))
+    else:
+        _print_started(stack)
     _remember(stack.run_dir)
     if args.detach:
         stack.processes.clear()  # leave them running; 'kvstack down' reads the state file
@@ -49,7 +56,7 @@ def _up(argv: list[str]) -> int:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    print("stack is up; Ctrl-C stops it")
+    print("stack is up; Ctrl-C stops it", file=sys.stderr if args.json else sys.stdout)
     try:
         while not done.wait(1.0):
             dead = [n for n, proc in stack.processes.items() if not proc.alive()]
@@ -61,12 +68,32 @@ def _up(argv: list[str]) -> int:
     return 0
 
 
+def _print_started(stack: Stack) -> None:
+    for c in stack.components:
+        cores = f"  computes on cores {format_cpu_list(c.cores)}" if c.cores else ""
+        print(f"{c.name:>16}  {c.url}{cores}")
+    if stack.core_plan is not None:
+        print(stack.core_plan.summary())
+    print(f"logs in {stack.run_dir / 'logs'}")
+
+
+def _started(stack: Stack) -> dict[str, object]:
+    components = [
+        {"name": c.name, "kind": c.kind, "url": c.url, "cores": list(c.cores)}
+        for c in stack.components
+    ]
+    plan = stack.core_plan.summary() if stack.core_plan is not None else None
+    return {"run_dir": str(stack.run_dir), "logs": str(stack.run_dir / "logs"),
+            "components": components, "core_plan": plan}  # fmt: skip
+
+
 def _down(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="kvstack down", description="Stop a stack started by 'kvstack up'."
     )
     p.add_argument("--config", help="the stack's YAML file (for its run_dir)")
     p.add_argument("--run-dir", help="the stack's run directory")
+    add_json_flag(p)
     args = p.parse_args(argv)
     if args.run_dir or args.config:
         run_dir = Path(args.run_dir or load_section("stack", StackConfig, path=args.config).run_dir)
@@ -75,6 +102,8 @@ def _down(argv: list[str]) -> int:
     names = stop_run_dir(run_dir)
     if _remembered() == run_dir.resolve():
         _last_stack_file().unlink(missing_ok=True)
+    if args.json:
+        return print_json({"run_dir": str(run_dir), "stopped": names})
     print(f"stopped {', '.join(names) or 'nothing'}")
     return 0
 
