@@ -35,7 +35,7 @@ def test_config_show_prints_the_effective_tree(
     path = tmp_path / "c.yaml"
     path.write_text("kv:\n  model: shown@1\n")
     monkeypatch.setenv("KVSTACK_KV_CHUNK_SIZE", "128")
-    assert main(["config", "show", "--config", str(path)]) == 0
+    assert main(["config", "show", "--config", str(path), "--json"]) == 0
     tree = json.loads(capsys.readouterr().out)
     assert tree["kv"]["model"] == "shown@1" and tree["kv"]["chunk_size"] == 128
 
