@@ -172,7 +172,14 @@ def _section(r: Result) -> str:
     title = TITLES.get(res["variant"], res["variant"].removeprefix("router-"))
     parts = [f"### {title} — `{r.command}`", "", _setup(res), "", stale_line(r), ""]
     parts += [_table(res["rows"]), ""]
-    parts += [" ".join(_summary(res))]
+    summary = _summary(res)
+    load_average, cores = r.machine.get("load_average"), r.machine.get("cores")
+    if load_average is not None:
+        summary.append(
+            f"The machine's one-minute load average when the run ended: {load_average:g}"
+            + (f" on {cores} cores." if cores else ".")
+        )
+    parts += [" ".join(summary)]
     return "\n".join(parts).rstrip()
 
 
