@@ -1,14 +1,14 @@
-"""Keep the router tables that could not be re-measured as result files, marked stale.
+"""Keep the router tables that were not re-measured as result files, marked stale.
 
-The hot-prefix and unique tables of ``docs/benchmarks.md`` were measured on 2026-11-29 at commit
-e7693eb (published in 50b824e) and their raw runs were not kept. This reads those two tables
-from the doc as it stood before ``kvstack bench report`` took it over (``git show
-45c0223:docs/benchmarks.md``) and writes ``compare-router-<name>-2026-12-01.json`` beside this
-file with ``"provenance": "transcribed"`` and a ``"stale"`` note; the setup comes from the
-config as it was then (without the ``kv_aware`` arm, which that run did not have)::
+The router tables of ``docs/benchmarks.md`` were measured on 2026-11-29 at commit e7693eb
+(published in 50b824e) and their raw runs were not kept. This reads the hot-prefix and unique
+tables (and, when named, multi-round-qa's) from the doc as it stood before ``kvstack bench
+report`` took it over and writes ``compare-router-<name>-2026-12-01.json`` beside this file with
+``"provenance": "transcribed"`` and a ``"stale"`` note; the setup comes from the config (its
+front ends without the ``kv_aware`` arm, which that run did not have)::
 
     git show 45c0223:docs/benchmarks.md > /tmp/benchmarks-old.md
-    python benchmarks/results/compare/transcribe.py /tmp/benchmarks-old.md
+    python benchmarks/results/compare/transcribe.py /tmp/benchmarks-old.md multi-round-qa
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ STALE = (
     "was not run. Re-measure with the command above."
 )
 SECTIONS = {"hot-prefix": "### one hot prefix", "unique": "### unique prompts"}
+# python transcribe.py OLD_DOC multi-round-qa: that table too, when it cannot be re-measured
+MORE = {"multi-round-qa": "### multi-round-qa"}
 FIELDS = (
     "goodput",
     "slo_attainment",
@@ -101,13 +103,13 @@ def document(name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(doc_path: str) -> None:
+def main(doc_path: str, *more: str) -> None:
     doc = Path(doc_path).read_text()
-    for name, heading in SECTIONS.items():
+    for name, heading in (SECTIONS | {m: MORE[m] for m in more}).items():
         out = HERE / f"compare-router-{name}-2026-12-01.json"
         out.write_text(json.dumps(document(name, table_rows(doc, heading)), indent=1) + "\n")
         print(f"wrote {out.relative_to(ROOT)}")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *sys.argv[2:])

@@ -144,6 +144,17 @@ def test_a_transcribed_result_is_marked_stale(tmp_path: Path) -> None:
     assert "transcribed from the earlier doc. **Stale:** measured at abc1234" in text
 
 
+def test_a_headline_says_when_its_run_lagged_or_is_stale(tmp_path: Path) -> None:
+    rows = [row(24, "kvstack ttft", 11.2, 1.38, 5.2) | {"lag_share": 0.35}]
+    path = save(tmp_path, "router-shared-prefix", rows)
+    ((_, figure, _),) = report_md.headline(tmp_path)
+    assert figure == "11.2/s at 5.2 s; engines up to 35% behind schedule there: a loaded machine"
+    doc = json.loads(path.read_text()) | {"stale": "measured before the change."}
+    path.write_text(json.dumps(doc))
+    ((_, figure, _),) = report_md.headline(tmp_path)
+    assert figure.endswith(f"; stale: measured {doc['measured'][:10]} at `{doc['commit']}`")
+
+
 def test_headline_rows_come_from_the_highest_rate(tmp_path: Path) -> None:
     assert report_md.headline(tmp_path) == []
     save(tmp_path, "router-shared-prefix", SHARED)
@@ -165,6 +176,7 @@ def test_headline_rows_come_from_the_highest_rate(tmp_path: Path) -> None:
     assert shared[2] == (
         "kvstack bench compare --config benchmarks/router/shared-prefix.yaml --duration 30"
     )
+    assert "behind schedule" not in shared[1] and "stale" not in shared[1]
     assert multi[0] == "router scheduling, multi-round-qa at 12 req/s: TTFT p50 / p90"
     assert multi[1] == (
         "0.0743 / 0.583 s (vllm-router `cache_aware` 0.0984 / 42.7 s; "

@@ -228,7 +228,14 @@ def _headline_row(r: Result, what: str, fig: str) -> tuple[str, str, str] | None
         _arm(res, "`kv_aware`", "vllm-router kv_aware", top, fig),
         _arm(res, "`round_robin`", "vllm-router round_robin", top, fig),
     ]
-    text = f"{mine.strip()} ({'; '.join(o for o in others if o)})"
+    listed = "; ".join(o for o in others if o)
+    text = mine.strip() + (f" ({listed})" if listed else "")
+    ran = [x for x in res["rows"] if x["point"] == top and "error" not in x]
+    lag = max((x["lag_share"] for x in ran), default=0.0)
+    if lag > LAG_WARNING:
+        text += f"; engines up to {lag:.0%} behind schedule there: a loaded machine"
+    if r.stale:
+        text += f"; stale: measured {r.day} at `{r.commit}`"
     return (what.format(engines=res["fleet"]["engines"], point=f"{top:g}"), text, r.command)
 
 
