@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from kvstack.bench import results
 from kvstack.bench.routers import report_md
 from kvstack.bench.routers.cli import aggregate
+from tests.bench.compare.test_compare import EXPERIMENT
 from tests.bench.routers.test_routers import cell
 
 
@@ -74,3 +78,25 @@ def test_medians_spreads_ratios_and_an_arm_that_did_not_run(tmp_path: Path) -> N
 
 def test_no_result_says_so(tmp_path: Path) -> None:
     assert "No committed result of `kvstack bench routers`" in report_md.render(tmp_path)
+
+
+def test_bench_routers_writes_its_result_document(tmp_path: Path) -> None:
+    """The real command on a tiny fleet (the round-robin proxy as its one arm) ends with the
+    result document the renderer reads."""
+    experiment = dict(EXPERIMENT, name="routers-tiny", rates=[4], duration_s=10,
+                      frontends=EXPERIMENT["frontends"][:1])  # fmt: skip
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(experiment))
+    out = tmp_path / "routers-tiny-2026-12-01.json"
+    argv = ["--config", str(config), "--repeats", "2", "--output", str(tmp_path / "out")]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvstack", "bench", "routers", *argv, "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = results.load(out)
+    assert doc.bench == "routers" and doc.result["variant"] == "tiny"
+    assert doc.result["repeats"] == 2 and doc.result["seeds"] == [0, 1]
+    arm = doc.result["arms"]["round-robin @ 4"]
+    assert arm["runs"] == 2 and len(arm["goodput"]["values"]) == 2
+    assert arm["goodput_vs_single"]["values"] == [1.0, 1.0]
