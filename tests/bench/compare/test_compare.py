@@ -13,6 +13,7 @@ import yaml
 from kvstack.bench.compare.experiment import load_experiment
 from kvstack.bench.compare.fleet import SimBenchFleet
 from kvstack.bench.compare.frontends import expand_command
+from kvstack.bench.results import load
 
 EXPERIMENT = {
     "name": "tiny",
@@ -46,7 +47,10 @@ EXPERIMENT = {
                 "{backends}",
             ],
         },
-        {"name": "vllm-router cache_aware", "preset": "vllm-router:cache_aware"},
+        # vllm-router's KV-event policy, fed the simulated engines' events
+        {"name": "vllm-router kv_aware", "preset": "vllm-router:kv_aware"},
+        # an arm that cannot start: a row that says so, and the other arms still run
+        {"name": "broken", "command": ["{python}", "-c", "import sys; sys.exit(3)"]},
     ],
 }
 
@@ -67,6 +71,8 @@ def test_compare_writes_table_plots_and_runs(tmp_path: Path) -> None:
             "--output",
             str(out),
             "--no-progress",
+            "--json",
+            str(tmp_path / "result.json"),
         ],
         capture_output=True,
         text=True,
@@ -82,18 +88,25 @@ def test_compare_writes_table_plots_and_runs(tmp_path: Path) -> None:
     for name in ("ttft_cdf.png", "throughput_vs_rate.png", "ttft_p90_vs_rate.png"):
         data = (out / name).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 5000
-    results = json.loads((out / "results.json").read_text())
-    cells = results["cells"]
+    assert "- broken at 4: did not run: frontend broken: process exited with code 3" in table
+    doc = load(tmp_path / "result.json")
+    assert doc.command.endswith(f"--json {tmp_path / 'result.json'}")
+    result = doc.result
+    assert result["variant"] == "tiny" and result["slo"] == {"ttft_s": 2.0, "tpot_s": 0.1}
+    assert result["fleet"]["engines"] == 2 and result["fleet"]["kv_events"] is True
+    failed = [r for r in result["rows"] if "error" in r]
+    assert [(r["frontend"], r["point"]) for r in failed] == [("broken", 4.0), ("broken", 8.0)]
+    cells = [r for r in result["rows"] if "error" not in r]
     assert {(c["frontend"], c["point"]) for c in cells} == {
-        (f, p) for f in ("round-robin", "vllm-router cache_aware") for p in (4.0, 8.0)
+        (f, p) for f in ("round-robin", "vllm-router kv_aware") for p in (4.0, 8.0)
     }
     for cell in cells:
-        assert cell["summary"]["overall"]["num_ok"] > 0
-        assert sum(cell["engine_requests"]) == cell["summary"]["overall"]["num_ok"]  # fresh fleet
+        assert cell["ok"] > 0 and cell["errors"] == 0
+        assert sum(cell["engine_requests"]) == cell["ok"]  # a fresh fleet for every run
     rr = next(c for c in cells if c["frontend"] == "round-robin" and c["point"] == 8.0)
     assert rr["spread"] < 1.2  # round robin spreads evenly
     run = json.loads((out / "runs" / "round-robin-8.json").read_text())
-    assert len(run["requests"]) == rr["summary"]["overall"]["num_requests"]
+    assert len(run["requests"]) == rr["requests"]
     assert "working set" in done.stdout
 
 

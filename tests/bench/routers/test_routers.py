@@ -83,3 +83,15 @@ def test_medians_spreads_and_ratios_to_the_single_router() -> None:
     assert "| x2 @ 8 | 4.00 (3.50-8.00) | 40.0% (30.0%-40.0%) | 0.80 (0.50-1.00)" in table(
         "t", result, 3
     )
+
+
+def test_an_arm_missing_from_a_repeat_is_left_out_of_that_repeat() -> None:
+    repeats = [
+        [cell("x1", 60, 0.50), cell("x2", 40, 0.40)],
+        [cell("x1", 80, 0.60)],  # x2 did not start in this repeat
+    ]
+    result = aggregate(repeats)
+    x2 = result["x2 @ 8"]
+    assert x2["runs"] == 1 and x2["goodput"]["values"] == [4.0]
+    assert x2["goodput_vs_single"]["values"] == [4.0 / 6.0]
+    assert aggregate([[cell("x1", 60, 0.5)], []])["x1 @ 8"]["runs"] == 1

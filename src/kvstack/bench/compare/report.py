@@ -43,18 +43,6 @@ class Cell:
             return None
         return max(self.engine_requests) / (total / len(self.engine_requests))
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "frontend": self.frontend,
-            "point": self.point,
-            "summary": self.summary.to_dict(),
-            "engine_requests": self.engine_requests,
-            "prefix_hit_rate": self.prefix_hit_rate,
-            "preemptions": self.preemptions,
-            "lag_share": self.lag_share,
-            "spread": self.spread,
-        }
-
 
 LAG_WARNING = 0.05
 _HEADER = (

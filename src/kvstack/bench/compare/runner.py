@@ -3,9 +3,10 @@
 For every load point and every front end: bring the fleet back to a cold state (a simulated
 fleet restarts; real vLLM engines reset their prefix caches), load the workload's adapters,
 start the front end, run the same workload with the same seed through it, stop it, and read
-the engines' counters. Then write ``results.json``, ``table.md``, the plots, and one JSON
-per run with every request under ``runs/``. See :mod:`kvstack.bench.compare.experiment` for
-the file.
+the engines' counters. Then write ``table.md``, the plots, one JSON per run with every request
+under ``runs/``, and the result document (:mod:`kvstack.bench.compare.record`: ``--json FILE``,
+else ``bench-results/compare/compare-<name>-<stamp>.json``). See
+:mod:`kvstack.bench.compare.experiment` for the experiment file.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import json
 import logging
 import re
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvstack.bench.compare.experiment import Experiment, load_experiment
 from kvstack.bench.compare.fleet import BenchFleet, make_fleet
 from kvstack.bench.compare.frontends import FrontendProcess
+from kvstack.bench.compare.record import FailedRun, compare_result, save_compare
 from kvstack.bench.compare.report import Cell, plot_all, write_table
 from kvstack.bench.config import BenchConfig
 from kvstack.bench.load.loadgen import LoadPlan
@@ -41,6 +44,8 @@ class CompareResult:
     out_dir: Path
     table: str
     plots: list[Path]
+    failed: list[FailedRun] = field(default_factory=list)
+    working_set: int | None = None
 
 
 def _slug(text: str) -> str:
@@ -96,6 +101,7 @@ def run_compare(
     fleet = make_fleet(exp.fleet, out_dir / "logs", config.start_timeout_s)
     slo = SLO(exp.slo.ttft_s, exp.slo.tpot_s)
     cells: list[Cell] = []
+    failed: list[FailedRun] = []
     fleet.start()
     try:
         tokenizer = _tokenizer(exp, fleet)
@@ -103,7 +109,8 @@ def run_compare(
             exp.workload.name, exp.workload.params, make_prompt_builder(tokenizer), exp.seed
         )
         adapters = probe.adapters() if exp.fleet.load_adapters else []
-        _print_setup(exp, fleet, probe.working_set_tokens())
+        working_set = probe.working_set_tokens()
+        _print_setup(exp, fleet, working_set)
         first = True
         for point in exp.points:
             for fe in exp.frontends:
@@ -113,19 +120,23 @@ def run_compare(
                 if adapters:
                     fleet.load_adapters(adapters)
                 log_path = out_dir / "logs" / f"{_slug(fe.name)}-{point:g}.log"
-                with FrontendProcess(fe, fleet, log_path, config.start_timeout_s) as url:
-                    result = asyncio.run(
-                        run_serve(
-                            url,
-                            exp.workload.name,
-                            exp.workload.params,
-                            _plan(exp, point, config),
-                            slo,
-                            tokenizer,
-                            fleet.model,
-                            progress=progress,
+                try:
+                    with FrontendProcess(fe, fleet, log_path, config.start_timeout_s) as url:
+                        result = asyncio.run(
+                            run_serve(
+                                url,
+                                exp.workload.name,
+                                exp.workload.params,
+                                _plan(exp, point, config),
+                                slo,
+                                tokenizer,
+                                fleet.model,
+                                progress=progress,
+                            )
                         )
-                    )
+                except StackError as exc:  # this arm did not run: a row that says why
+                    failed.append(_failed(fe.name, point, exc, log_path))
+                    continue
                 run_path = out_dir / "runs" / f"{_slug(fe.name)}-{point:g}.json"
                 run_path.write_text(json.dumps(result.document))
                 cell = _cell(fe.name, point, fleet, result, exp.fleet.time_scale)
@@ -133,20 +144,37 @@ def run_compare(
                 _print_cell(cell)
     finally:
         fleet.stop()
-    return _write(exp, cells, out_dir)
+    return _write(exp, cells, out_dir, failed, working_set)
+
+
+def _failed(name: str, point: float, exc: StackError, log_path: Path) -> FailedRun:
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    print(f"  {name:<28} load {point:g}: did not run: {reason} (log: {log_path})", flush=True)
+    return FailedRun(name, point, reason)
 
 
 def _load_label(exp: Experiment) -> str:
     return "request rate (req/s)" if exp.rates is not None else "concurrency (users)"
 
 
-def _write(exp: Experiment, cells: list[Cell], out_dir: Path) -> CompareResult:
+def _write(
+    exp: Experiment,
+    cells: list[Cell],
+    out_dir: Path,
+    failed: list[FailedRun],
+    working_set: int | None,
+) -> CompareResult:
     load = _load_label(exp)
     table = write_table(cells, out_dir / "table.md", load, f"{exp.name}: {exp.workload.name}")
-    plots = plot_all(cells, out_dir, load)
-    document = {"experiment": exp.model_dump(mode="json"), "cells": [c.to_dict() for c in cells]}
-    (out_dir / "results.json").write_text(json.dumps(document, indent=1))
-    return CompareResult(cells, out_dir, table, plots)
+    if failed:
+        table += (
+            "\n"
+            + "\n".join(f"- {f.frontend} at {f.point:g}: did not run: {f.error}" for f in failed)
+            + "\n"
+        )
+        (out_dir / "table.md").write_text(table)
+    plots = plot_all(cells, out_dir, load) if cells else []
+    return CompareResult(cells, out_dir, table, plots, failed, working_set)
 
 
 def _print_setup(exp: Experiment, fleet: BenchFleet, working_set: int | None) -> None:
@@ -179,11 +207,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=float, help="override duration_s")
     p.add_argument("--frontend", action="append", help="run only these front ends (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--json",
+        type=Path,
+        help="result document (default: bench-results/compare/compare-<name>-<stamp>.json)",
+    )
     return p
 
 
 def run(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    started = time.time()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise
     try:
         exp = load_experiment(args.config)
@@ -203,5 +237,7 @@ def run(argv: list[str]) -> int:
         return 2
     print()
     print(result.table)
-    print(f"wrote {out_dir}/table.md, results.json, " + ", ".join(p.name for p in result.plots))
+    print(f"wrote {out_dir}/table.md, " + ", ".join(p.name for p in result.plots))
+    document = compare_result(exp, args.config, result.cells, result.failed, result.working_set)
+    save_compare(argv, document, args.json, started)
     return 0
