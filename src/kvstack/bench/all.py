@@ -51,7 +51,7 @@ QUICK: tuple[Step, ...] = (
     Step(
         "compare",
         ("--config", "benchmarks/router/shared-prefix.yaml", "--duration", "5", "--no-progress"),
-        variant="shared-prefix",
+        variant="router-shared-prefix",
     ),
     Step(
         "routers",
