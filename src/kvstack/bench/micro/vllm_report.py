@@ -23,6 +23,7 @@ from kvstack.bench.micro.vllm_report_scenarios import (
     render_scenarios,
     seconds,
     seconds_range,
+    times,
 )
 from kvstack.bench.micro.vllm_report_scenarios import newest_scenario as _newest
 from kvstack.bench.report import stale_line, table, target
@@ -49,10 +50,10 @@ def _model(name: str) -> str:
     if name.startswith(SMALL.name):
         s = SMALL
         return (
-            f"the ~150M random Llama (hidden {s.hidden_size}, {s.num_layers} layers, "
+            f"The ~150M random Llama (hidden {s.hidden_size}, {s.num_layers} layers, "
             f"{s.num_heads} heads, {s.num_kv_heads} KV heads, {s.dtype})"
         )
-    return f"the toy model `{name}`"
+    return f"The toy model `{name}`"
 
 
 def _ttft(res: dict[str, Any], key: str) -> str:
@@ -85,7 +86,7 @@ def _ttft_rows(res: dict[str, Any]) -> list[tuple[str, ...]]:
         vs_cold = (
             "1" if key == "cold_s" else f"1/{cold / v:.1f}" if v < cold else f"{v / cold:.2f}×"
         )
-        rows.append((label, _ttft(res, key), f"{v / hit:.2f}×", vs_cold, bar))
+        rows.append((label, _ttft(res, key), times(v / hit), vs_cold, bar))
     return rows + _example_rows(res)
 
 
@@ -127,7 +128,7 @@ def _setup(r: Result) -> str:
     text += (
         "stopped" if res.get("cross_instance_storing_engine") == "stopped" else "(still running)"
     )
-    return text + ", so it has the machine's cores to itself."
+    return text + ", so it has the machine's cores to itself"
 
 
 def _overhead_text(results: Path) -> list[str]:

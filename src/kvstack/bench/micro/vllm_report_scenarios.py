@@ -22,6 +22,7 @@ __all__ = [
     "render_scenarios",
     "seconds",
     "seconds_range",
+    "times",
 ]
 
 BAR_OVERHEAD_PCT = 5.0  # the connector may cost at most 5% TTFT on prompts it cannot help
@@ -43,6 +44,11 @@ def seconds(x: float, unit: bool = True) -> str:
     """Seconds to three significant digits (``1.60 s``, ``36.2 s``), in ms below a second."""
     text = f"{_sig3(x)} s" if x >= 1 else f"{_sig3(x * 1000)} ms"
     return text if unit else text.rsplit(" ", 1)[0]
+
+
+def times(ratio: float) -> str:
+    """A ratio as ``1.45×`` (``32.7×`` from ten up)."""
+    return f"{ratio:.1f}×" if ratio >= 10 else f"{ratio:.2f}×"
 
 
 def pct(ratio: float) -> str:
@@ -73,7 +79,8 @@ def seconds_range(low: float, high: float) -> str:
 def _spread(s: dict[str, float], fmt: Callable[[float], str] = num) -> str:
     if fmt is seconds:
         return f"{seconds(s['median'])} ({seconds_range(s['min'], s['max'])})"
-    return f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
+    dash = " to " if fmt is pct else "–"  # "−10.0%–+12.0%" reads badly
+    return f"{fmt(s['median'])} ({fmt(s['min'])}{dash}{fmt(s['max'])})"
 
 
 def _ratio_cells(ratio: dict[str, Any]) -> tuple[str, str]:
@@ -125,7 +132,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
             arm, _spread(a["ttft_s"], seconds),
             f"{num(a['quiet_p50_ms']['median'])} / {num(a['quiet_p99_ms']['median'])}",
             f"{num(a['loading_p50_ms']['median'])} / {num(a['loading_p99_ms']['median'])}",
-            _spread(a["p99_ratio"], lambda x: f"{x:.2f}×"), str(len(a.get("errors", []))),
+            _spread(a["p99_ratio"], times), str(len(a.get("errors", []))),
         ))  # fmt: skip
     intro = (
         f"Four streamed decodes; one request at a time loads a {res['prefix_tokens']:,}-token "
