@@ -65,3 +65,35 @@ def test_the_overhead_scenario_on_real_engines_saves_what_the_report_renders(
     assert res["connector"]["kvstack"]["save_seconds_total"] > 0  # it stored what it computed
     text = render_scenarios(tmp_path / "results")
     assert "**Overhead" in text and f"{vllm.PAIRED_ROUNDS_QUICK} paired rounds" in text
+
+
+def test_the_overhead_scenario_rotates_its_arms_and_saves_an_interval(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_machine_probe: None
+) -> None:
+    from kvstack.bench.micro import vllm_harness, vllm_paired
+
+    order: list[str] = []
+
+    @contextlib.contextmanager
+    def engine(self: vllm_harness.Engines, name: str, kv: Any, **_: Any) -> Iterator[str]:
+        yield name
+
+    def stream_ttft(server: str, prompt: list[int]) -> float:
+        order.append(server)
+        return {"plain_vllm": 1.0, "kvstack": 1.02}.get(server, 1.01)
+
+    monkeypatch.setattr(vllm_harness.Engines, "engine", engine)
+    monkeypatch.setattr(vllm_paired, "stream_ttft", stream_ttft)
+    monkeypatch.setattr(vllm_paired, "metric_value", lambda server, name: 1.0)
+    monkeypatch.setattr(vllm_paired.time, "sleep", lambda s: None)
+    monkeypatch.setattr(vllm, "build_toy_model", lambda spec: tmp_path / "toy-llama-x")
+    out = tmp_path / "results" / "vllm" / "vllm-overhead-1.json"
+    assert vllm.run(["--scenario", "overhead", "--quick", "--json", str(out)]) == 0
+    rounds = [order[i : i + 3] for i in range(3, len(order), 3)]  # after three warm-ups
+    assert len(rounds) == vllm.PAIRED_ROUNDS_QUICK
+    assert [r[0] for r in rounds[:3]] == ["plain_vllm", "kvstack", "kvstack_copy_out_background"]
+    res = results.load(out).result
+    ci = res["kvstack"]["ratio_to_plain_vllm"]["interval95"]
+    assert ci["low"] == ci["high"] == pytest.approx(1.02) and ci["k"] == 1
+    assert res["args"]["reps"] == vllm.PAIRED_ROUNDS_QUICK
+    assert "≤ 5%: met" in render(tmp_path / "results")
