@@ -37,16 +37,17 @@ __all__ = ["median_interval", "overhead", "pipelining"]
 Arms = dict[str, dict[str, Any] | None]
 
 
-def overhead(engines: Engines, prompts: PromptFactory, tokens: int, rounds: int) -> dict[str, Any]:
+def overhead(
+    engines: Engines, prompts: PromptFactory, tokens: int, rounds: int, background: bool = True
+) -> dict[str, Any]:
+    """Plain vLLM against the connector (and, with ``background``, ``copy_out: background``)."""
     tiers = ["cpu://?size=2GiB", f"file://{engines.work / 'overhead-kv'}?size=20GiB"]
-    arms: Arms = {
-        "plain_vllm": None,
-        "kvstack": connector_config(tiers, chunk_size=256),
-        "kvstack_copy_out_background": connector_config(
+    arms: Arms = {"plain_vllm": None, "kvstack": connector_config(tiers, chunk_size=256)}
+    if background:
+        arms["kvstack_copy_out_background"] = connector_config(
             [t.replace("overhead-kv", "overhead-kv-bg") for t in tiers],
             chunk_size=256, copy_out="background",
-        ),
-    }  # fmt: skip
+        )  # fmt: skip
     return _paired(engines, arms, rounds, lambda e, r: stream_ttft(e, prompts(tokens))) | {
         "prompt_tokens": tokens
     }

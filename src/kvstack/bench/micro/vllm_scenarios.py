@@ -12,7 +12,8 @@ pipelining      paired interleaved CPU-tier hit TTFT, layer pipelining off / on 
 
 Each prints a table and saves every sample as a result file (:func:`kvstack.bench.results.save`:
 ``--json FILE``, else ``bench-results/vllm/vllm-<scenario>-<stamp>.json``). ``--quick`` runs the
-tiny model and short prompts (a smoke run); figures come from the ~150M model.
+tiny model and short prompts (a smoke run; ``overhead`` then leaves out its
+``copy_out: background`` arm); figures come from the ~150M model.
 """
 
 from __future__ import annotations
@@ -75,8 +76,10 @@ def _measure(args: argparse.Namespace, engines: Engines, prompts: PromptFactory)
     from kvstack.bench.micro.vllm_paired import overhead, pipelining
 
     tokens = max(args.prompt_tokens // 4, 256)
-    measure = overhead if args.scenario == "overhead" else pipelining
-    return measure(engines, prompts, tokens, args.reps)
+    if args.scenario == "overhead":
+        # --quick: two engines, not three (the smoke run's time is mostly engine starts)
+        return overhead(engines, prompts, tokens, args.reps, background=not args.quick)
+    return pipelining(engines, prompts, tokens, args.reps)
 
 
 def print_rows(scenario: str, results: dict[str, Any]) -> None:
