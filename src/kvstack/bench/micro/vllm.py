@@ -257,6 +257,11 @@ def run(argv: list[str]) -> int:
     parser.add_argument(
         "--preempt-blocks", type=int, default=48, help="KV blocks for --scenario preemption"
     )
+    parser.add_argument(
+        "--background-arm",
+        action="store_true",
+        help="--scenario overhead: also a third engine with copy_out: background",
+    )
     args = parser.parse_args(argv)
     started = time.time()
     args.prompt_tokens = args.prompt_tokens or (2048 if args.quick else 8192)

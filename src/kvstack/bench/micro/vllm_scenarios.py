@@ -12,8 +12,9 @@ pipelining      paired interleaved CPU-tier hit TTFT, layer pipelining off / on 
 
 Each prints a table and saves every sample as a result file (:func:`kvstack.bench.results.save`:
 ``--json FILE``, else ``bench-results/vllm/vllm-<scenario>-<stamp>.json``). ``--quick`` runs the
-tiny model and short prompts (a smoke run; ``overhead`` then leaves out its
-``copy_out: background`` arm); figures come from the ~150M model.
+tiny model and short prompts (a smoke run); figures come from the ~150M model. ``overhead``
+runs plain vLLM against the connector's defaults; ``--background-arm`` adds a third engine with
+``copy_out: background`` (each idle CPU engine beside the measured one slows it down).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def default_path(scenario: str) -> Path:
 
 
 def _args(args: argparse.Namespace) -> dict[str, Any]:
-    keep = ("quick", "prompt_tokens", "reps", "seed", "skip", "scenario", "preempt_blocks")
+    keep = ("quick", "prompt_tokens", "reps", "seed", "skip", "scenario", "preempt_blocks",
+            "background_arm")  # fmt: skip
     return {k: getattr(args, k) for k in keep if hasattr(args, k)}
 
 
@@ -77,8 +79,8 @@ def _measure(args: argparse.Namespace, engines: Engines, prompts: PromptFactory)
 
     tokens = max(args.prompt_tokens // 4, 256)
     if args.scenario == "overhead":
-        # --quick: two engines, not three (the smoke run's time is mostly engine starts)
-        return overhead(engines, prompts, tokens, args.reps, background=not args.quick)
+        # Two engines unless asked: every idle CPU engine beside the measured one takes cycles
+        return overhead(engines, prompts, tokens, args.reps, background=args.background_arm)
     return pipelining(engines, prompts, tokens, args.reps)
 
 
