@@ -21,12 +21,13 @@ from kvstack.bench.micro.vllm_report_scenarios import (
     overhead_verdict,
     pct,
     render_scenarios,
+    run_line,
     seconds,
     seconds_range,
     times,
 )
 from kvstack.bench.micro.vllm_report_scenarios import newest_scenario as _newest
-from kvstack.bench.report import stale_line, table, target
+from kvstack.bench.report import table, target
 from kvstack.bench.results import Result
 from kvstack.models.toy import SMALL
 
@@ -154,7 +155,7 @@ def _overhead_text(results: Path) -> list[str]:
         f"kvstack's TTFT over plain vLLM's, median {pct(ratio['median'])} ({interval}). "
         f"Target: {cell}.",
         "",
-        stale_line(r),
+        run_line(r),
     ]
 
 
@@ -166,7 +167,7 @@ def render(results: Path) -> str:
         )
     rows = _ttft_rows(r.result)
     headers = ("scenario", "TTFT", "vs vLLM's own hit", "vs cold", "target")
-    out = [stale_line(r), "", _setup(r) + ":", "", table(headers, rows, "lrrrl"), ""]
+    out = [run_line(r), "", _setup(r) + ":", "", table(headers, rows, "lrrrl"), ""]
     return "\n".join(out + _overhead_text(results))
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "overhead_verdict",
     "pct",
     "render_scenarios",
+    "run_line",
     "seconds",
     "seconds_range",
     "times",
@@ -38,6 +39,19 @@ def newest_scenario(results: Path, scenario: str) -> Result | None:
 
 def _sig3(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def run_line(r: Result) -> str:
+    """:func:`stale_line`, and the machine's other load when it was busier than its cores."""
+    text, m = stale_line(r), r.machine
+    load, cores = m.get("load_average"), m.get("cores")
+    if load is not None and cores and load > cores:
+        text += (
+            f" Other work shared the machine: the 1-minute load average was {load:g} on "
+            f"{cores} cores when the run ended, so absolute times are longer than on an idle "
+            "machine."
+        )
+    return text
 
 
 def seconds(x: float, unit: bool = True) -> str:
@@ -201,7 +215,7 @@ def render_scenarios(results: Path) -> str:
         if r is None:
             continue
         intro, body = fn(r.result)
-        out += [f"**{title}** (`--scenario {scenario}`). {intro}", "", body, "", stale_line(r), ""]
+        out += [f"**{title}** (`--scenario {scenario}`). {intro}", "", body, "", run_line(r), ""]
     if not out:
         return "_No committed result of `kvstack bench vllm --scenario …` yet._"
     return "\n".join(out).rstrip("\n")
