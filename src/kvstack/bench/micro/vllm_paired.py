@@ -1,9 +1,17 @@
 """``kvstack bench vllm --scenario overhead | pipelining``: paired, interleaved comparisons.
 
 The engines of a comparison run side by side and take turns, one request at a time, in an
-order that rotates every round, so slow phases of a shared machine hit every arm alike. Each
-round yields one ratio per arm against the first arm; reported: per arm the median TTFT, and
-the median, min and max of the per-round ratios.
+order that rotates every round (A B C, B C A, C A B, ...), so slow phases of a shared machine
+hit every arm alike. Each round yields one ratio per arm against the first arm; reported: per
+arm the median TTFT, and the median, min and max of the per-round ratios with a 95% interval
+of their median.
+
+The interval is distribution-free (:func:`median_interval`): the order statistics
+``x(k)`` and ``x(n+1-k)`` of the ``n`` sorted ratios, with the largest ``k`` for which
+``P(Binomial(n, 1/2) < k) <= 2.5%``; it covers the median ratio with probability at least 95%
+whatever the ratios' distribution, as long as rounds are independent. It needs at least 6
+rounds (with fewer there is none, and no overhead claim can be made); 40 rounds give
+``x(14)``-``x(27)``.
 
 - **overhead**: unique prompts (no reuse anywhere): plain vLLM, the connector with its defaults
   (copy-out on the step on the CPU build), the connector with ``copy_out: background``.
@@ -15,6 +23,7 @@ the median, min and max of the per-round ratios.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,21 +32,22 @@ from kvstack.bench.micro.vllm_harness import Engines, metric_value, spread, stre
 from kvstack.bench.micro.vllm_probe import PromptFactory, reset_prefix_cache
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 
-__all__ = ["overhead", "pipelining"]
+__all__ = ["median_interval", "overhead", "pipelining"]
 
 Arms = dict[str, dict[str, Any] | None]
 
 
-def overhead(engines: Engines, prompts: PromptFactory, tokens: int, rounds: int) -> dict[str, Any]:
+def overhead(
+    engines: Engines, prompts: PromptFactory, tokens: int, rounds: int, background: bool = True
+) -> dict[str, Any]:
+    """Plain vLLM against the connector (and, with ``background``, ``copy_out: background``)."""
     tiers = ["cpu://?size=2GiB", f"file://{engines.work / 'overhead-kv'}?size=20GiB"]
-    arms: Arms = {
-        "plain_vllm": None,
-        "kvstack": connector_config(tiers, chunk_size=256),
-        "kvstack_copy_out_background": connector_config(
+    arms: Arms = {"plain_vllm": None, "kvstack": connector_config(tiers, chunk_size=256)}
+    if background:
+        arms["kvstack_copy_out_background"] = connector_config(
             [t.replace("overhead-kv", "overhead-kv-bg") for t in tiers],
             chunk_size=256, copy_out="background",
-        ),
-    }  # fmt: skip
+        )  # fmt: skip
     return _paired(engines, arms, rounds, lambda e, r: stream_ttft(e, prompts(tokens))) | {
         "prompt_tokens": tokens
     }
@@ -88,8 +98,32 @@ def _paired(
         out[name] = {"ttft_s": spread(samples[name]).as_dict()}
         if name != names[0]:
             ratios = [mine / theirs for mine, theirs in zip(samples[name], base, strict=True)]
-            out[name]["ratio_to_" + names[0]] = spread(ratios).as_dict()
+            out[name]["ratio_to_" + names[0]] = spread(ratios).as_dict() | {
+                "interval95": median_interval(ratios)
+            }
     return out
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> dict[str, Any] | None:
+    """A distribution-free interval for the median of ``values`` (see the module docstring).
+
+    Returns ``low``, ``high``, the order-statistic rank ``k`` (1-based) and the interval's
+    exact ``coverage`` (at least ``confidence``); None when there are too few values.
+    """
+    xs, n = sorted(values), len(values)
+    alpha = (1 - confidence) / 2
+    below, k = 0.0, 0  # below = P(Binomial(n, 1/2) <= k - 1)
+    for j in range(n + 1):
+        p = below + math.comb(n, j) / 2**n
+        if p > alpha:
+            break
+        below, k = p, j + 1
+    if k == 0:
+        return None
+    return {
+        "low": xs[k - 1], "high": xs[n - k], "k": k, "n": n,
+        "coverage": 1 - 2 * below, "method": "order statistics (binomial)",
+    }  # fmt: skip
 
 
 def _connector_figures(server: VLLMServer) -> dict[str, float]:

@@ -10,17 +10,21 @@ overhead        paired interleaved TTFT on unique prompts, copy-out on / off the
 pipelining      paired interleaved CPU-tier hit TTFT, layer pipelining off / on        paired
 =============== ====================================================================== ==========
 
-Each prints a table and writes every sample to ``--json``. ``--quick`` runs the tiny model and
-short prompts (a smoke run); figures come from the ~150M model.
+Each prints a table and saves every sample as a result file (:func:`kvstack.bench.results.save`:
+``--json FILE``, else ``bench-results/vllm/vllm-<scenario>-<stamp>.json``). ``--quick`` runs the
+tiny model and short prompts (a smoke run); figures come from the ~150M model. ``overhead``
+runs plain vLLM against the connector's defaults; ``--background-arm`` adds a third engine with
+``copy_out: background`` (each idle CPU engine beside the measured one slows it down).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import time
 from pathlib import Path
 from typing import Any
 
+from kvstack.bench import results as bench_results
 from kvstack.bench.micro.vllm_harness import Engines
 from kvstack.bench.micro.vllm_probe import PromptFactory
 
@@ -29,15 +33,30 @@ __all__ = ["SCENARIOS", "run_scenario"]
 SCENARIOS = ("interference", "multi-turn", "preemption", "overhead", "pipelining")
 
 
-def run_scenario(args: argparse.Namespace, model: Path, work: Path) -> int:
+def run_scenario(
+    args: argparse.Namespace, argv: list[str], model: Path, work: Path, started: float
+) -> Path:
+    """Measure ``args.scenario``, print its table, save the result file; returns its path."""
     engines = Engines(model, work, max_model_len=max(16384, args.prompt_tokens + 256))
     prompts = PromptFactory(seed=args.seed)
     results = _measure(args, engines, prompts)
     results["scenario"] = args.scenario
+    results["args"] = _args(args) | {"model": model.name}
     print_rows(args.scenario, results)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    return 0
+    path = args.json or default_path(args.scenario)
+    return bench_results.save("vllm", argv, results, path=path, started=started)
+
+
+def default_path(scenario: str) -> Path:
+    """Where a scenario's result goes without ``--json``: named by the scenario (its variant)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return bench_results.DEFAULT_DIR / "vllm" / f"vllm-{scenario}-{stamp}.json"
+
+
+def _args(args: argparse.Namespace) -> dict[str, Any]:
+    keep = ("quick", "prompt_tokens", "reps", "seed", "skip", "scenario", "preempt_blocks",
+            "background_arm")  # fmt: skip
+    return {k: getattr(args, k) for k in keep if hasattr(args, k)}
 
 
 def _measure(args: argparse.Namespace, engines: Engines, prompts: PromptFactory) -> dict[str, Any]:
@@ -59,8 +78,10 @@ def _measure(args: argparse.Namespace, engines: Engines, prompts: PromptFactory)
     from kvstack.bench.micro.vllm_paired import overhead, pipelining
 
     tokens = max(args.prompt_tokens // 4, 256)
-    measure = overhead if args.scenario == "overhead" else pipelining
-    return measure(engines, prompts, tokens, args.reps)
+    if args.scenario == "overhead":
+        # Two engines unless asked: every idle CPU engine beside the measured one takes cycles
+        return overhead(engines, prompts, tokens, args.reps, background=args.background_arm)
+    return pipelining(engines, prompts, tokens, args.reps)
 
 
 def print_rows(scenario: str, results: dict[str, Any]) -> None:
@@ -92,9 +113,11 @@ def _flat_rows(results: dict[str, Any], prefix: str = "") -> list[tuple[str, str
                 rows += [(f"{arm}.{k}", f"{v:.4g}") for k, v in figures.items()]
             continue
         if {"median", "min", "max"} <= value.keys():
+            ci = value.get("interval95")
             rows.append((
                 f"{prefix}{key}",
-                f"{value['median']:.4g} [{value['min']:.4g}-{value['max']:.4g}] n={value['n']}",
+                f"{value['median']:.4g} [{value['min']:.4g}-{value['max']:.4g}] n={value['n']}"
+                + (f", 95% interval {ci['low']:.4g}-{ci['high']:.4g}" if ci else ""),
             ))  # fmt: skip
         else:
             rows += _flat_rows(value, f"{prefix}{key}.")

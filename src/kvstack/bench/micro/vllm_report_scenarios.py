@@ -1,0 +1,221 @@
+"""The ``kvstack bench vllm --scenario …`` tables, rendered from their committed results.
+
+Shared with :mod:`kvstack.bench.micro.vllm_report`: how a result of one scenario is found
+(:func:`newest_scenario`), how figures are written, and the overhead verdict: the ≤ 5% target
+is met only when the upper end of the 95% interval of the median ratio is within it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvstack.bench.report import num, stale_line, table, target
+from kvstack.bench.results import Result, load
+
+__all__ = [
+    "BAR_OVERHEAD_PCT",
+    "newest_scenario",
+    "overhead_verdict",
+    "pct",
+    "render_scenarios",
+    "run_line",
+    "seconds",
+    "seconds_range",
+    "times",
+]
+
+BAR_OVERHEAD_PCT = 5.0  # the connector may cost at most 5% TTFT on prompts it cannot help
+
+
+def newest_scenario(results: Path, scenario: str) -> Result | None:
+    """The newest ``vllm`` result whose recorded scenario is ``scenario`` (``ttft``: default)."""
+    folder = results / "vllm"
+    found = [load(p) for p in sorted(folder.glob("vllm-*.json"))] if folder.is_dir() else []
+    mine = [r for r in found if r.result.get("scenario", "ttft") == scenario]
+    return max(mine, key=lambda r: r.measured, default=None)
+
+
+def _sig3(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.1f}" if abs(x) >= 10 else f"{x:.2f}"
+
+
+def run_line(r: Result) -> str:
+    """:func:`stale_line`, and the machine's other load when it was busier than its cores."""
+    text, m = stale_line(r), r.machine
+    load, cores = m.get("load_average"), m.get("cores")
+    if load is not None and cores and load > cores:
+        text += (
+            f" Other work shared the machine: the 1-minute load average was {load:g} on "
+            f"{cores} cores when the run ended, so absolute times are longer than on an idle "
+            "machine."
+        )
+    return text
+
+
+def seconds(x: float, unit: bool = True) -> str:
+    """Seconds to three significant digits (``1.60 s``, ``36.2 s``), in ms below a second."""
+    text = f"{_sig3(x)} s" if x >= 1 else f"{_sig3(x * 1000)} ms"
+    return text if unit else text.rsplit(" ", 1)[0]
+
+
+def times(ratio: float) -> str:
+    """A ratio as ``1.45×`` (``32.7×`` from ten up)."""
+    return f"{ratio:.1f}×" if ratio >= 10 else f"{ratio:.2f}×"
+
+
+def pct(ratio: float) -> str:
+    """A ratio as a signed percentage change: ``1.023`` -> ``+2.3%``."""
+    return f"{(ratio - 1) * 100:+.1f}%".replace("-", "−")
+
+
+def overhead_verdict(ratio: dict[str, Any]) -> tuple[bool, str]:
+    """Whether ``ratio`` (median and ``interval95`` of per-round ratios) shows ≤ 5%, and the
+    target cell: met only if the interval's upper end is within the bar."""
+    bar, limit = f"≤ {BAR_OVERHEAD_PCT:g}%", 1 + BAR_OVERHEAD_PCT / 100
+    ci = ratio.get("interval95")
+    if ci is None:
+        return False, target(False, bar) + " (not shown: too few rounds for a 95% interval)"
+    if ci["high"] <= limit:
+        return True, target(True, bar)
+    if ci["low"] > limit:
+        return False, target(False, bar)
+    return False, target(False, bar) + f" (not shown: the interval reaches {pct(ci['high'])})"
+
+
+def seconds_range(low: float, high: float) -> str:
+    """``1.00–3.00 s``; both units when the range crosses a second (``850 ms–1.20 s``)."""
+    same = (low >= 1) == (high >= 1)
+    return f"{seconds(low, unit=not same)}–{seconds(high)}"
+
+
+def _spread(s: dict[str, float], fmt: Callable[[float], str] = num) -> str:
+    if fmt is seconds:
+        return f"{seconds(s['median'])} ({seconds_range(s['min'], s['max'])})"
+    dash = " to " if fmt is pct else "–"  # "−10.0%–+12.0%" reads badly
+    return f"{fmt(s['median'])} ({fmt(s['min'])}{dash}{fmt(s['max'])})"
+
+
+def _ratio_cells(ratio: dict[str, Any]) -> tuple[str, str]:
+    ci = ratio.get("interval95")
+    interval = f"{pct(ci['low'])} to {pct(ci['high'])}" if ci else "none (too few rounds)"
+    return _spread(ratio, pct), interval
+
+
+def _overhead(res: dict[str, Any]) -> tuple[str, str]:
+    rows = [("plain vLLM", _spread(res["plain_vllm"]["ttft_s"], seconds), "", "", "")]
+    for arm, label in (
+        ("kvstack", "kvstack (defaults)"),
+        ("kvstack_copy_out_background", "kvstack, `copy_out: background`"),
+    ):
+        if arm in res:
+            ratio = res[arm]["ratio_to_plain_vllm"]
+            verdict = overhead_verdict(ratio)[1]
+            ttft = _spread(res[arm]["ttft_s"], seconds)
+            rows.append((label, ttft, *_ratio_cells(ratio), verdict))
+    intro = (
+        f"TTFT on unique {res['prompt_tokens']:,}-token prompts, {res['rounds']} paired rounds "
+        "(the engines take turns in rotating order); the change is each round's TTFT over plain "
+        "vLLM's in the same round, with a distribution-free 95% interval of its median:"
+    )
+    headers = ("arm", "TTFT median (min–max)", "change (min–max)", "95% interval", "target")
+    return intro, table(headers, rows, "lrrrl")
+
+
+def _pipelining(res: dict[str, Any]) -> tuple[str, str]:
+    rows = [("layer pipelining off", _spread(res["layer_pipelining_off"]["ttft_s"], seconds))]
+    on = res["layer_pipelining_on"]
+    rows.append(("layer pipelining on", _spread(on["ttft_s"], seconds)))
+    ratio = on["ratio_to_layer_pipelining_off"]
+    intro = (
+        f"CPU-tier hit TTFT of {res['prompt_tokens']:,}-token prompts after vLLM dropped its "
+        f"own cache, {res['rounds']} paired rounds; pipelining on over off: median "
+        f"{_ratio_cells(ratio)[0]}, 95% interval {_ratio_cells(ratio)[1]}:"
+    )
+    return intro, table(("arm", "hit TTFT median (min–max)"), rows, "lr")
+
+
+def _interference(res: dict[str, Any]) -> tuple[str, str]:
+    rows = []
+    for arm in ("recompute", "file/sync", "file/async", "redis/sync", "redis/async"):
+        a = res.get(arm)
+        if a is None:
+            continue
+        rows.append((
+            arm, _spread(a["ttft_s"], seconds),
+            f"{num(a['quiet_p50_ms']['median'])} / {num(a['quiet_p99_ms']['median'])}",
+            f"{num(a['loading_p50_ms']['median'])} / {num(a['loading_p99_ms']['median'])}",
+            _spread(a["p99_ratio"], times), str(len(a.get("errors", []))),
+        ))  # fmt: skip
+    intro = (
+        f"Four streamed decodes; one request at a time loads a {res['prefix_tokens']:,}-token "
+        f"prefix from a slow tier (file tier with its page cache dropped, or Redis), "
+        f"{res['rounds']} rounds per arm; `recompute` is plain vLLM computing the prefix:"
+    )
+    headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
+               "during the load", "p99 during / before (min–max)", "stream errors")  # fmt: skip
+    return intro, table(headers, rows, "lrrrrr")
+
+
+def _multi_turn(res: dict[str, Any]) -> tuple[str, str]:
+    rows = [("cold prompt of turn two's length", _spread(res["cold_ttft_s"], seconds), "")]
+    for key, label in (
+        ("save_generated", "turn two, A saved its generated tokens (default)"),
+        ("prompt_only", "turn two, `save_generated: false`"),
+    ):
+        if key in res:
+            share = res[key]["share_from_tiers"]
+            rows.append((
+                label, _spread(res[key]["ttft_s"], seconds),
+                _spread(share, lambda x: f"{x * 100:.1f}%"),
+            ))  # fmt: skip
+    intro = (
+        f"Engine A answers turn one ({res['turn_one_tokens']:,} prompt tokens, "
+        f"{res['answer_tokens']:,} generated); engine B, sharing A's file tier, serves turn two "
+        f"(turn one, the answer, {res['question_tokens']} new tokens); {res['reps']} "
+        "conversations per arm:"
+    )
+    return intro, table(("turn two on B", "TTFT (min–max)", "tokens from the tiers"), rows, "lrr")
+
+
+def _preemption(res: dict[str, Any]) -> tuple[str, str]:
+    labels = {"kvstack": "kvstack", "kvstack_no_loads": "kvstack as `kv_producer` (no loads)",
+              "plain_vllm": "plain vLLM"}  # fmt: skip
+    rows = []
+    for arm, label in labels.items():
+        if arm in res:
+            a = res[arm]
+            rows.append((
+                label, _spread(a["recomputed_tokens"]), _spread(a["recovered_tokens"]),
+                _spread(a["preemptions"]), _spread(a["wall_s"], seconds),
+            ))  # fmt: skip
+    intro = (
+        f"A KV budget of {res['blocks']} blocks and {res['requests']} requests that preempt each "
+        f"other, {res['reps']} rounds per arm (plain vLLM counts no recomputed tokens itself):"
+    )
+    headers = ("arm", "recomputed tokens", "recovered from tiers", "preemptions", "wall time")
+    return intro, table(headers, rows, "lrrrr")
+
+
+_SCENARIOS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[str, str]]]] = {
+    "interference": ("Interference: decodes while a slow-tier load runs", _interference),
+    "multi-turn": ("Multi-turn: turn two on another instance", _multi_turn),
+    "preemption": ("Preemption: recomputed tokens", _preemption),
+    "overhead": ("Overhead: unique prompts, paired rounds", _overhead),
+    "pipelining": ("Layer pipelining: CPU-tier hits, paired rounds", _pipelining),
+}
+
+
+def render_scenarios(results: Path) -> str:
+    """Every ``--scenario`` with a committed result: its setup, table and run."""
+    out: list[str] = []
+    for scenario, (title, fn) in _SCENARIOS.items():
+        r = newest_scenario(results, scenario)
+        if r is None:
+            continue
+        intro, body = fn(r.result)
+        out += [f"**{title}** (`--scenario {scenario}`). {intro}", "", body, "", run_line(r), ""]
+    if not out:
+        return "_No committed result of `kvstack bench vllm --scenario …` yet._"
+    return "\n".join(out).rstrip("\n")

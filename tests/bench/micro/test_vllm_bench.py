@@ -1,0 +1,98 @@
+"""``kvstack bench vllm``: the order its engines run in, and a quick scenario on real engines."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstack.bench import results
+from kvstack.bench.micro import vllm
+from kvstack.bench.micro.vllm_report import render, render_scenarios
+
+
+@pytest.fixture
+def no_machine_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(results, "machine_facts", lambda: {"cpu_model": "test CPU", "cores": 2})
+
+
+def test_the_cross_instance_engine_starts_after_the_storing_one_stopped(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_machine_probe: None
+) -> None:
+    running: set[str] = set()
+    beside: dict[str, set[str]] = {}  # engine -> the engines running when it started
+
+    @contextlib.contextmanager
+    def engine(self: vllm.Bench, name: str, kv: Any, prefix_caching: bool = True) -> Iterator[str]:
+        beside[name] = set(running)
+        running.add(name)
+        try:
+            yield name
+        finally:
+            running.discard(name)
+
+    monkeypatch.setattr(vllm.Bench, "engine", engine)
+    monkeypatch.setattr(vllm, "ttft", lambda server, prompt: 1.0)
+    monkeypatch.setattr(vllm, "reset_prefix_cache", lambda server: None)
+    monkeypatch.setattr(vllm, "build_toy_model", lambda spec: tmp_path / "toy-llama-x")
+    out = tmp_path / "results" / "vllm" / "vllm-1.json"
+    argv = ["--quick", "--skip", "example", "--work-dir", str(tmp_path), "--json", str(out)]
+    assert vllm.run(argv) == 0
+    assert "kvstack-a" in beside and beside["kvstack-b"] == set()
+    saved = results.load(out)
+    assert saved.command == "kvstack bench vllm " + " ".join(argv)
+    assert saved.result["cross_instance_storing_engine"] == "stopped"
+    assert saved.result["samples_s"]["kvstack_cross_instance_s"] == [1.0]
+    assert not any("overhead" in key for key in saved.result)  # no unpaired overhead any more
+    assert "≤ 5%: met" not in render(tmp_path / "results")
+
+
+@pytest.mark.vllm
+def test_the_overhead_scenario_on_real_engines_saves_what_the_report_renders(
+    tmp_path: Path, no_machine_probe: None
+) -> None:
+    out = tmp_path / "results" / "vllm" / "vllm-overhead-1.json"
+    argv = ["--scenario", "overhead", "--quick", "--prompt-tokens", "1024"]
+    assert vllm.run([*argv, "--work-dir", str(tmp_path / "work"), "--json", str(out)]) == 0
+    res = results.load(out).result
+    assert res["scenario"] == "overhead" and res["rounds"] == vllm.PAIRED_ROUNDS_QUICK
+    assert all(len(s) == vllm.PAIRED_ROUNDS_QUICK for s in res["samples_s"].values())
+    ratio = res["kvstack"]["ratio_to_plain_vllm"]
+    assert ratio["interval95"]["low"] <= ratio["median"] <= ratio["interval95"]["high"]
+    assert res["connector"]["kvstack"]["save_seconds_total"] > 0  # it stored what it computed
+    text = render_scenarios(tmp_path / "results")
+    assert "**Overhead" in text and f"{vllm.PAIRED_ROUNDS_QUICK} paired rounds" in text
+
+
+def test_the_overhead_scenario_rotates_its_arms_and_saves_an_interval(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_machine_probe: None
+) -> None:
+    from kvstack.bench.micro import vllm_harness, vllm_paired
+
+    order: list[str] = []
+
+    @contextlib.contextmanager
+    def engine(self: vllm_harness.Engines, name: str, kv: Any, **_: Any) -> Iterator[str]:
+        yield name
+
+    def stream_ttft(server: str, prompt: list[int]) -> float:
+        order.append(server)
+        return {"plain_vllm": 1.0, "kvstack": 1.02}.get(server, 1.01)
+
+    monkeypatch.setattr(vllm_harness.Engines, "engine", engine)
+    monkeypatch.setattr(vllm_paired, "stream_ttft", stream_ttft)
+    monkeypatch.setattr(vllm_paired, "metric_value", lambda server, name: 1.0)
+    monkeypatch.setattr(vllm_paired.time, "sleep", lambda s: None)
+    monkeypatch.setattr(vllm, "build_toy_model", lambda spec: tmp_path / "toy-llama-x")
+    out = tmp_path / "results" / "vllm" / "vllm-overhead-1.json"
+    assert vllm.run(["--scenario", "overhead", "--quick", "--json", str(out)]) == 0
+    rounds = [order[i : i + 2] for i in range(2, len(order), 2)]  # after two warm-ups
+    assert rounds == [["plain_vllm", "kvstack"], ["kvstack", "plain_vllm"]] * 3
+    res = results.load(out).result
+    ci = res["kvstack"]["ratio_to_plain_vllm"]["interval95"]
+    assert ci["low"] == ci["high"] == pytest.approx(1.02) and ci["k"] == 1
+    assert res["args"]["reps"] == vllm.PAIRED_ROUNDS_QUICK
+    assert "≤ 5%: met" in render(tmp_path / "results")
