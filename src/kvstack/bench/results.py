@@ -107,6 +107,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+_ISA = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "neon", "asimd", "sve")
+
+
+def _cpu_flags() -> list[str]:
+    """The vector extensions that decide CPU inference speed (a host without AVX-512 prefills
+    several times slower), as /proc/cpuinfo lists them."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                have = set(line.split(":", 1)[1].split())
+                return [f for f in _ISA if f in have]
+    except OSError:
+        pass
+    return []
+
+
 def _memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -162,6 +178,7 @@ def machine_facts(references: bool = True) -> dict[str, Any]:
     """CPU model, cores (all and this process's), memory, Python, and the two references."""
     facts: dict[str, Any] = {
         "cpu_model": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
         "cores": os.cpu_count(),
         "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "memory_gib": _memory_gib(),
