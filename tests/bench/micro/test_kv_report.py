@@ -74,7 +74,7 @@ def test_ratios_are_per_round_with_their_range(save_result: SaveResult) -> None:
     assert (cpu["store_ratio_spread"]["min"], cpu["store_ratio_spread"]["max"]) == (0.7, 0.9)
     text = kv_report.render(save_result("kv", result))
     assert "`kvstack bench kv --synthetic`" in text and "`abc1234`" in text
-    assert "| memcpy (reference) | 1.50 (1.00–2.00) |" in text
+    assert "| memcpy (reference: torch `copy_`) | 1.50 (1.00–2.00) |" in text
     assert "| 1.25 | 0.80× memcpy (0.70–0.90) |" in row(text, "cpu")
     assert "store ≥ 0.8×: met" in row(text, "cpu")
     assert "file+zstd (stored 2.00× smaller)" in text

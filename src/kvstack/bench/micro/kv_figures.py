@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-__all__ = ["Samples", "ShapeResult", "RoundSpread", "TierResult", "summarise"]
+__all__ = ["RoundSpread", "Samples", "ShapeResult", "TierResult", "summarise"]
 
 Samples = dict[str, list[float]]
 

@@ -25,7 +25,7 @@ _SECRET_NAMES = {
     "file+mac": "file, with the secret (`file+mac`: sealed on write, checked on read)",
 }
 _REF_ROWS = (  # (row, store reference, retrieve reference)
-    ("memcpy (reference)", "memcpy", "memcpy"),
+    ("memcpy (reference: torch `copy_`)", "memcpy", "memcpy"),
     ("raw write / read (reference)", "raw write", "raw read"),
     ("raw write + fsync (reference)", "raw write+fsync", None),
 )
