@@ -19,13 +19,16 @@ def test_bench_router_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     out = tmp_path / "router.json"
     argv = ["--rounds", "1", "--round-s", "1", "--rate", "100", "--connections", "4"]
     assert run([*argv, "--no-vllm-router", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
+    document = json.loads(out.read_text())["result"]
+    assert len(document["runs"]) == 1 and set(document["median"]) == {"kvstack"}
+    report = document["runs"][0]
     kv = report["routers"]["kvstack"]
     assert kv["latency"]["p50_ms"] > 0 and kv["throughput"]["req_per_s"] > 0
     assert kv["throughput"]["errors"] == 0
     assert report["kvstack_internal_added"]["count"] > 0
     assert set(report["bars"]) == {"added_p50_ms<=1", "added_p99_ms<=5", "req_per_s>=2000"}
-    assert "kvstack" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "kvstack" in printed and "| **median** |" in printed and "vllm-router" in printed
 
 
 def test_wrk_output_parsing_and_percentiles() -> None:

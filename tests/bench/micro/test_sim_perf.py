@@ -18,7 +18,7 @@ def test_bench_sim_single_and_fleet(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    doc = json.loads(out.read_text())
+    doc = json.loads(out.read_text())["result"]
     targets = {(p["target"], p["output_tokens"]) for p in doc["single"]}
     assert targets == {("sim-engine", 16), ("sim-engine", 4), ("canned upstream", 4)}
     assert all(p["requests_per_s"] > 0 for p in doc["single"])
@@ -27,3 +27,4 @@ def test_bench_sim_single_and_fleet(tmp_path: Path) -> None:
     assert set(point["cpu_share"]) == {"fleet", "router", "loadgen"}
     assert point["engine_ttft_mean_s"] > 0 and point["client_ttft_mean_s"] > 0
     assert "highest simulated rate that fits" in done.stdout
+    assert doc["args"]["engines"] == 2 and doc["highest_fitting_rate"] in (None, 2.0)

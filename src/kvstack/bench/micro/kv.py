@@ -3,29 +3,31 @@
 
 Store and retrieve throughput of each KV tier in GB/s on the chunk shape of Llama-3-8B (32
 layers, 8 KV heads, head dim 128, bf16: 32 MiB per 256-token chunk) and of a small model, against
-a memcpy and raw file write/read references measured in the same run (see
-:mod:`kvstack.bench.micro.kv_measure`), plus the time to look up a 128K-token prompt (512 chunks).
-The cluster secret is on and off in the same run: ``cpu+mac`` and ``file+mac`` are the tiers of
-a cache that has it, ``cpu+verify`` what checking a MAC on every CPU-tier hit would cost.
-Prints a table with the ratios and the performance bars; ``--json`` writes::
+a memcpy and raw file write/read references measured in the same rounds (see
+:mod:`kvstack.bench.micro.kv_measure`; each ratio is per round, then the median and range over
+rounds), plus the time to look up a 128K-token prompt (512 chunks). The cluster secret is on
+and off in the same run: ``cpu+mac`` and ``file+mac`` are the tiers of a cache that has it,
+``cpu+verify`` what checking a MAC on every CPU-tier hit would cost. Prints the tables the
+docs publish (:mod:`kvstack.bench.micro.kv_report`) and ends with
+:func:`kvstack.bench.results.save`: ``--json FILE``, else ``bench-results/kv/``. The result::
 
     {"memcpy_gbps": x, "file_write_gbps": x, "file_read_gbps": x,
-     "tiers": {"cpu": {"store_gbps": x, "retrieve_gbps": x, ...}, "file": {...}, ...},
-     "lookup_ms_128k": x, "shapes": {...}, "bars": {...}, "settings": {...}}
+     "tiers": {"cpu": {"store_gbps": x, "store_ratio": x, "store_ratio_spread": {...}, ...}},
+     "lookup_ms_128k": x, "shapes": {name: {"references": {...}, "tiers": {...},
+     "samples": {...}}}, "bars": {...}, "settings": {...}, "args": {...}}
 
 where the top-level figures are the Llama-3-8B shape's. ``--dir`` sets where files go (default:
 a temporary directory; the figures describe that filesystem). ``--clock cpu`` times with this
 process's CPU time instead of elapsed time (see :data:`kvstack.bench.micro.kv_measure.CLOCKS`).
 ``--shared`` adds the shared tiers of the same run — Redis batched get and peer fetch of
 32 MiB chunks against loopback TCP (``--s3``: and S3 on moto's server), as ``kvstack bench
-shared`` measures them — under ``"shared"`` in the JSON. ``--device cuda`` measures instead the
-store and retrieve of chunks on the GPU (:mod:`kvstack.bench.micro.kv_device`).
+shared`` measures them — under ``"shared"``. ``--device cuda`` measures instead the store and
+retrieve of chunks on the GPU (:mod:`kvstack.bench.micro.kv_device`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import statistics
@@ -33,16 +35,16 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kvstack.bench.micro.kv_measure import CLOCKS, Shape, ShapeResult, Variant, measure_shape
+from kvstack.bench.micro import kv_report
+from kvstack.bench.micro.kv_figures import ShapeResult
+from kvstack.bench.micro.kv_measure import CLOCKS, Shape, Variant, measure_shape
+from kvstack.bench.results import save
 from kvstack.errors import require
 from kvstack.kv.cache import KVCache
 from kvstack.kv.config import KVConfig
 from kvstack.kv.tensors import torch
-
-if TYPE_CHECKING:
-    from rich.console import Console
 
 __all__ = ["run"]
 
@@ -71,12 +73,15 @@ LOOKUP_BAR_MS = 5.0
 
 
 def run(argv: list[str]) -> int:
+    started = time.time()
     args = _parser().parse_args(argv)
     if args.device:
         from kvstack.bench.micro.kv_device import run_device
 
-        return run_device(MAIN_SHAPE, args.device, args.quick, args.rounds, args.dir, args.json)
-    require("rich", "bench")  # the progress display and tables; names the extra if missing
+        device = run_device(MAIN_SHAPE, args.device, args.quick, args.rounds, args.dir)
+        save("kv", argv, {**device, "args": vars(args)}, args.json, started=started)
+        return 0 if device["byte_identical"] else 1
+    require("rich", "bench")  # the progress display; names the extra if missing
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -85,7 +90,7 @@ def run(argv: list[str]) -> int:
     chunks = {MAIN_SHAPE.name: 3 if args.quick else 8, SMALL_SHAPE.name: 8 if args.quick else 32}
     rounds = args.rounds or (2 if args.quick else 6)  # even: both orders equally often
     root = Path(tempfile.mkdtemp(prefix="kvstack-bench-kv-", dir=args.dir))
-    err = Console(stderr=True)
+    err = Console(stderr=True)  # the progress goes to stderr: stdout has the tables
     try:
         with Progress(
             SpinnerColumn(),
@@ -116,24 +121,24 @@ def run(argv: list[str]) -> int:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report = build_report(results, lookup, _settings(args, rounds, chunks, root))
-    _print(report, Console())
+    report["args"] = vars(args)
+    print(kv_report.markdown(report))
     if args.shared:
-        from kvstack.bench.micro import shared_tiers
+        from kvstack.bench.micro import shared_report, shared_tiers
 
         print()
         shared = shared_tiers.run_shared_tier_bench(
             1 if args.quick else 8, 1 if args.quick else 7, args.s3
         )
-        shared_tiers.print_result(shared)
+        print(shared_report.markdown(shared))
         report["shared"] = shared
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    save("kv", argv, report, args.json, started=started)
     return 0
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kvstack bench kv", description=__doc__.split("\n\n")[1])
-    p.add_argument("--json", metavar="FILE", help="write the results as JSON")
+    p.add_argument("--json", metavar="FILE", help="the result file (default: bench-results/kv/)")
     p.add_argument("--quick", action="store_true", help="fewer chunks and rounds (smoke test)")
     p.add_argument("--dir", help="directory for the file tiers (default: the system temp dir)")
     p.add_argument("--rounds", type=_positive, help="rounds per figure (median taken)")
@@ -255,53 +260,3 @@ def _filesystem(path: Path) -> str:
         if inside and len(point) > len(best[0]):
             best = (point, fields[2])
     return best[1]
-
-
-def _print(report: dict[str, Any], console: Console) -> None:
-    from rich.table import Table
-
-    for name, shape in report["shapes"].items():
-        table = Table(
-            title=f"{name}: {shape['chunk_bytes'] / 2**20:.1f} MiB per chunk, "
-            f"{shape['num_chunks']} chunks, median of {report['settings']['rounds']}, "
-            f"{report['settings']['clock']} clock"
-        )
-        for column in ("", "store GB/s", "× ref", "retrieve GB/s", "× ref", "compression"):
-            table.add_column(column, justify="right" if column else "left")
-        fsync = shape["file_write_fsync_gbps"]
-        table.add_row(
-            "memcpy (ref)", f"{shape['memcpy_gbps']:.2f}", "", f"{shape['memcpy_gbps']:.2f}"
-        )
-        table.add_row(
-            "raw file (ref)",
-            f"{shape['file_write_gbps']:.2f}",
-            "",
-            f"{shape['file_read_gbps']:.2f}",
-        )
-        if fsync is not None:
-            table.add_row(
-                "raw file+fsync (ref)", f"{fsync:.2f}", "", f"{shape['file_read_gbps']:.2f}"
-            )
-        for tier, t in shape["tiers"].items():
-            table.add_row(
-                tier,
-                f"{t['store_gbps']:.2f}",
-                f"{t['store_ratio']:.2f}",
-                f"{t['retrieve_gbps']:.2f}",
-                f"{t['retrieve_ratio']:.2f}",
-                f"{t['compression_ratio']:.2f}×",
-            )
-        console.print(table)
-    lookup = report["lookup"]
-    console.print(
-        "lookup of a 128K-token prompt (512 chunks, all stored): "
-        + ", ".join(f"{k.removesuffix('_ms')} {v:.2f} ms" for k, v in lookup.items())
-    )
-    for name, bar in report["bars"].items():
-        mark = "[green]meets[/green]" if bar["ok"] else "[red]misses[/red]"
-        figure = (
-            f"{bar['ratio']:.3f}× ≥ {bar['bar']}×"
-            if "ratio" in bar
-            else f"{bar['ms']:.2f} ms < {bar['bar_ms']} ms"
-        )
-        console.print(f"  {mark} bar: {name}: {figure}")

@@ -11,7 +11,6 @@ host-to-device (retrieve). Every retrieve is compared byte for byte with what wa
 from __future__ import annotations
 
 import hashlib
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -28,14 +27,9 @@ __all__ = ["measure_device_tiers", "print_device_report", "run_device"]
 
 
 def run_device(
-    shape: Shape,
-    device: str,
-    quick: bool,
-    rounds: int | None,
-    root: str | None,
-    json_path: str | None,
-) -> int:
-    """``kvstack bench kv --device DEVICE``: measure, print, and write ``json_path``."""
+    shape: Shape, device: str, quick: bool, rounds: int | None, root: str | None
+) -> dict[str, Any]:
+    """``kvstack bench kv --device DEVICE``: measure and print; the caller saves the result."""
     if torch.device(device).type == "cuda" and not torch.cuda.is_available():
         raise SystemExit(f"kvstack bench kv: --device {device}, but torch sees no CUDA device")
     target = with_index(torch.device(device))
@@ -44,9 +38,7 @@ def run_device(
         Path(root) if root else None,
     )  # fmt: skip
     print_device_report(report)
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
-    return 0 if report["byte_identical"] else 1
+    return report
 
 
 def measure_device_tiers(

@@ -1,10 +1,13 @@
 """Measurements behind ``kvstack bench kv``: tier throughput and its references, per shape.
 
 Every figure is a median over rounds; within a round the references and the tiers run one after
-the other on the same data, and a ratio is the median of the per-round ratios, so load that
-drifts during the run hits a tier and its reference alike. Each round stores chunks under new
-keys (the CPU tier is full and evicts, as in steady state) and reads back what it just stored
-(the page cache is warm for the file tier, as for a hot disk tier).
+the other on the same data, and a ratio is the median of the per-round ratios (each round's
+tier figure over *that* round's reference), with their range, so load that drifts during the
+run hits a tier and its reference alike. The references' own GB/s are kept too (median and
+range), and every round's figures (``samples``), so a ratio can be checked against its parts
+(:mod:`kvstack.bench.micro.kv_figures`). Each round stores chunks under new keys (the CPU tier
+is full and evicts, as in steady state) and reads back what it just stored (the page cache is
+warm for the file tier, as for a hot disk tier).
 
 - memcpy: ``torch`` copy of each chunk into a preallocated buffer (the same thread settings as
   the CPU tier's copies);
@@ -23,14 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
+from kvstack.bench.micro.kv_figures import Samples, ShapeResult, summarise
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.seal import ChunkSealer
 from kvstack.kv.tensors import byte_view, torch
@@ -40,7 +43,7 @@ from kvstack.kv.tiers.file.tier import FileTier
 from kvstack.kv.trust import ChunkTrust
 from kvstack.security import ClusterKeys
 
-__all__ = ["CLOCKS", "Shape", "ShapeResult", "TierResult", "measure_shape"]
+__all__ = ["CLOCKS", "Shape", "Variant", "kv_like", "measure_shape"]
 
 Clock = Callable[[], float]
 # wall: elapsed time (what the bars are about). cpu: CPU time of every thread of this process,
@@ -66,27 +69,6 @@ class Shape(NamedTuple):
         return int(torch.Size(self.chunk_shape).numel()) * self.dtype.itemsize
 
 
-@dataclass
-class TierResult:
-    store_gbps: float
-    retrieve_gbps: float
-    store_ratio: float  # against the reference with the same settings (memcpy or raw write)
-    retrieve_ratio: float
-    compression_ratio: float = 1.0  # raw bytes / stored bytes
-
-
-@dataclass
-class ShapeResult:
-    shape: str
-    chunk_bytes: int
-    num_chunks: int
-    memcpy_gbps: float
-    file_write_gbps: float
-    file_read_gbps: float
-    file_write_fsync_gbps: float | None
-    tiers: dict[str, TierResult] = field(default_factory=dict)
-
-
 class Variant(NamedTuple):
     name: str
     fsync: bool
@@ -96,9 +78,6 @@ class Variant(NamedTuple):
 
 # A fixed, benchmark-only secret: what it keys does not matter, only the work it costs.
 BENCH_KEYS = ClusterKeys(b"kvstack-bench-kv-secret-not-for-use".ljust(32, b"."))
-
-
-Samples = dict[str, list[float]]
 
 
 def measure_shape(
@@ -112,7 +91,7 @@ def measure_shape(
 ) -> ShapeResult:
     """Run ``rounds`` rounds over ``num_chunks`` chunks of ``shape`` under ``root``."""
     chunks = [kv_like(shape, i) for i in range(num_chunks)]
-    outs = [torch.empty_like(c) for c in chunks]
+    outs = [torch.zeros_like(c) for c in chunks]  # touched: no page faults in a timed copy
     size = num_chunks * (shape.chunk_bytes + 64)
     cpus = {
         "cpu": CPUTier(size, name=f"bench-cpu-{shape.name}"),
@@ -130,7 +109,9 @@ def measure_shape(
     finally:
         for tier in [*cpus.values(), *files.values()]:
             tier.close()
-    return _summarise(shape, num_chunks, variants, files, samples)
+    fsync = {v.name: v.fsync for v in variants}
+    bytes_read = {name: tier.stats().bytes_read for name, tier in files.items()}
+    return summarise(shape.name, shape.chunk_bytes, num_chunks, fsync, bytes_read, samples)
 
 
 def kv_like(shape: Shape, seed: int) -> torch.Tensor:
@@ -279,48 +260,3 @@ def _timed(clock: Clock, fn: Callable[[], object]) -> float:
     start = clock()
     fn()
     return clock() - start
-
-
-def _summarise(
-    shape: Shape,
-    num_chunks: int,
-    variants: list[Variant],
-    files: dict[str, FileTier],
-    samples: Samples,
-) -> ShapeResult:
-    med = {name: statistics.median(values) for name, values in samples.items()}
-
-    def ratio(name: str, ref: str) -> float:
-        # Per round first: a tier and its reference ran seconds apart, so load that drifts
-        # over the run cancels out of their ratio.
-        return statistics.median(a / b for a, b in zip(samples[name], samples[ref], strict=True))
-
-    refs = {v.fsync: v.name for v in reversed(variants)}  # the first variant of each setting
-    fsync_ref = refs.get(True)
-    result = ShapeResult(
-        shape.name,
-        shape.chunk_bytes,
-        num_chunks,
-        med["memcpy"],
-        med[f"{refs[False]}.ref.write"],
-        med[f"{refs[False]}.ref.read"],
-        med[f"{fsync_ref}.ref.write"] if fsync_ref else None,
-    )
-    for name in ("cpu", "cpu+mac", "cpu+verify"):
-        result.tiers[name] = TierResult(
-            med[f"{name}.store"],
-            med[f"{name}.retrieve"],
-            ratio(f"{name}.store", "memcpy"),
-            ratio(f"{name}.retrieve", "memcpy"),
-        )
-    for v in variants:
-        stored_bytes_read = files[v.name].stats().bytes_read
-        raw_bytes_read = num_chunks * shape.chunk_bytes * len(samples["memcpy"])
-        result.tiers[v.name] = TierResult(
-            med[f"{v.name}.store"],
-            med[f"{v.name}.retrieve"],
-            ratio(f"{v.name}.store", f"{v.name}.ref.write"),
-            ratio(f"{v.name}.retrieve", f"{v.name}.ref.read"),
-            compression_ratio=raw_bytes_read / stored_bytes_read if stored_bytes_read else 1.0,
-        )
-    return result

@@ -4,8 +4,11 @@ A tree of ``tree_tokens`` tokens is built the way a fleet fills it: ``num_backen
 prompts made of one of ``num_systems`` shared system prompts plus a unique suffix. Then a
 ``prompt_tokens`` query that shares a system prompt and part of an existing suffix is matched
 (every owner's prefix length) and inserted for one owner, ``rounds`` times with fresh queries;
-each operation is timed alone. A reference measured in the same run puts the figures in scale:
-copying the query (``list(tokens)``), the least any prefix lookup has to read.
+each operation is timed alone, by the wall clock (``perf_counter``: the latency a request sees,
+what the target is about) and by this thread's CPU time (``thread_time``: the work itself,
+which a busy shared machine disturbs less) around the same call. A reference measured in the
+same run puts the figures in scale: copying the query (``list(tokens)``), the least any prefix
+lookup has to read.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 from kvstack.bench.load.stats import percentile
 from kvstack.index.radix import Owner, RadixIndex, RadixNamespace
 
-__all__ = ["RadixBenchResult", "Timing", "build_tree", "run_radix_bench"]
+__all__ = ["OpTiming", "RadixBenchResult", "Timing", "build_tree", "run_radix_bench"]
 
 NS = RadixNamespace("bench-model")
 
@@ -41,16 +44,30 @@ class Timing:
 
 
 @dataclass(frozen=True, slots=True)
+class OpTiming:
+    """One operation's wall-clock latency and CPU time, over the same calls."""
+
+    wall: Timing
+    cpu: Timing
+
+    @classmethod
+    def of(cls, samples: list[tuple[float, float]]) -> OpTiming:
+        """From ``(wall seconds, CPU seconds)`` per call."""
+        return cls(Timing.of([w for w, _ in samples]), Timing.of([c for _, c in samples]))
+
+
+@dataclass(frozen=True, slots=True)
 class RadixBenchResult:
     tree_tokens: int
     tree_nodes: int
     build_s: float
     prompt_tokens: int
     matched_tokens: int
-    match: Timing
-    insert: Timing
-    match_insert: Timing
-    copy_reference: Timing
+    rounds: int
+    match: OpTiming
+    insert: OpTiming
+    match_insert: OpTiming
+    copy_reference: OpTiming
 
 
 def build_tree(
@@ -84,12 +101,12 @@ def _query(rng: random.Random, prompts: list[list[int]], prompt_tokens: int) -> 
     return keep + _tokens(rng, prompt_tokens - len(keep))
 
 
-def _timed(fn: Callable[[], object]) -> float:
-    """CPU seconds of one call on this thread: on a shared, busy machine wall-clock time
-    mostly measures the other processes (the report gives the wall-clock figures too)."""
-    start = time.thread_time()
+def _timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall-clock and this thread's CPU seconds of one call: the wall clock is the latency
+    (it includes waiting for a core on a busy machine), CPU time the work alone."""
+    wall, cpu = time.perf_counter(), time.thread_time()
     fn()
-    return time.thread_time() - start
+    return time.perf_counter() - wall, time.thread_time() - cpu
 
 
 def run_radix_bench(
@@ -105,7 +122,10 @@ def run_radix_bench(
     start = time.perf_counter()
     index, _, prompts = build_tree(tree_tokens, page_size, num_backends, num_systems, rng)
     build_s = time.perf_counter() - start
-    match_s, insert_s, both_s, copy_s = [], [], [], []
+    match_s: list[tuple[float, float]] = []
+    insert_s: list[tuple[float, float]] = []
+    both_s: list[tuple[float, float]] = []
+    copy_s: list[tuple[float, float]] = []
     matched = 0
     owner = Owner("bench-owner")
     for _ in range(rounds):  # each operation on a fresh query, interleaved with the others
@@ -126,8 +146,9 @@ def run_radix_bench(
         build_s=build_s,
         prompt_tokens=prompt_tokens,
         matched_tokens=matched // rounds,
-        match=Timing.of(match_s),
-        insert=Timing.of(insert_s),
-        match_insert=Timing.of(both_s),
-        copy_reference=Timing.of(copy_s),
+        rounds=rounds,
+        match=OpTiming.of(match_s),
+        insert=OpTiming.of(insert_s),
+        match_insert=OpTiming.of(both_s),
+        copy_reference=OpTiming.of(copy_s),
     )

@@ -16,22 +16,27 @@ rounds of (its percentile − the direct percentile in the same round).
    request (where the cores went).
 
 The bars from the issue are checked: added p50 <= 1 ms and p99 <= 5 ms at 500 req/s, and
->= 2,000 req/s. ``--json FILE`` writes every figure.
+>= 2,000 req/s. ``--runs N`` repeats the whole measurement N times with fresh processes (the
+tail depends on what else the cores did, so one run says little) and reports each run and the
+median over runs. Ends with :func:`kvstack.bench.results.save` (``--json FILE``, else
+``bench-results/router/``); :mod:`kvstack.bench.micro.router_report` renders the published
+table from it.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
+import time
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from kvstack.bench.compare.ports import free_port
+from kvstack.bench.micro import router_report
 from kvstack.bench.micro.router_harness import (
     cpu_seconds,
     run_open_loop,
@@ -41,12 +46,13 @@ from kvstack.bench.micro.router_harness import (
     start_vllm_router,
     vllm_router_binary,
 )
+from kvstack.bench.results import save
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["run"]
 
 PATH = "/v1/completions"
-BARS = {"added_p50_ms": 1.0, "added_p99_ms": 5.0, "req_per_s": 2000.0}
+BARS = router_report.BARS
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,12 +63,26 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, default=64, help="closed-loop connections")
     p.add_argument("--policy", default="round_robin", help="kvstack router policy")
     p.add_argument("--no-vllm-router", action="store_true", help="skip vllm-router")
-    p.add_argument("--json", help="write all figures to this file")
+    p.add_argument("--runs", type=int, default=1, help="whole runs, each with fresh processes")
+    p.add_argument("--json", help="the result file (default: bench-results/router/)")
     return p
 
 
 def run(argv: list[str]) -> int:
+    started = time.time()
     args = _parser().parse_args(argv)
+    runs = []
+    for i in range(args.runs):
+        print(f"run {i + 1} of {args.runs}")
+        runs.append(_one_run(args))
+        _print(runs[-1], args)
+    document = {"settings": vars(args), "runs": runs, "median": _median_over_runs(runs)}
+    print(router_report.markdown(document), flush=True)
+    save("router", argv, document, args.json, started=started)
+    return 0
+
+
+def _one_run(args: argparse.Namespace) -> dict[str, Any]:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-router-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
@@ -70,12 +90,22 @@ def run(argv: list[str]) -> int:
         latency = _latency_rounds(targets, args, workdir)
         internal = _internal_added_ms(targets["kvstack"])
         throughput = _throughput_rounds(targets, procs, args, workdir)
-    report = _report(latency, throughput, internal, args)
+    report = _report(latency, throughput, internal)
     report["load_average"] = {"before": load_before, "after": os.getloadavg()[0]}
-    _print(report)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0
+    return report
+
+
+def _median_over_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Each router's added p50, added p99 and max req/s: the median over runs."""
+    out: dict[str, dict[str, float]] = {}
+    for name in runs[0]["routers"]:
+        figures = [r["routers"][name] for r in runs]
+        out[name] = {
+            "added_p50_ms": statistics.median(f["added_p50_ms"] for f in figures),
+            "added_p99_ms": statistics.median(f["added_p99_ms"] for f in figures),
+            "req_per_s": statistics.median(f["throughput"]["req_per_s"] for f in figures),
+        }
+    return out
 
 
 def _start_all(
@@ -133,6 +163,7 @@ def _throughput_rounds(
 ) -> dict[str, dict[str, Any]]:
     rates: dict[str, list[float]] = {n: [] for n in targets}
     errors: dict[str, int] = dict.fromkeys(targets, 0)
+    tool = ""
     cpu: dict[str, dict[str, float]] = {n: dict.fromkeys(procs, 0.0) for n in targets}
     for order in _rotations(list(targets), args.rounds):
         for name in order:
@@ -142,6 +173,7 @@ def _throughput_rounds(
                 cpu[name][p] += cpu_seconds(proc.pid or 0) - before[p]
             rates[name].append(result.req_per_s)
             errors[name] += result.errors
+            tool = result.tool
     out: dict[str, dict[str, Any]] = {}
     for name in targets:
         num_requests = sum(rates[name]) * args.round_s
@@ -149,6 +181,7 @@ def _throughput_rounds(
             "req_per_s": round(statistics.median(rates[name]), 1),
             "rounds_req_per_s": [round(r) for r in rates[name]],
             "errors": errors[name],
+            "tool": tool,
             "cpu_us_per_req": {
                 p: round(s / num_requests * 1e6, 1) for p, s in cpu[name].items() if s > 0.05
             },
@@ -186,7 +219,6 @@ def _report(
     rounds: list[dict[str, dict[str, float]]],
     throughput: dict[str, dict[str, Any]],
     internal: dict[str, float],
-    args: argparse.Namespace,
 ) -> dict[str, Any]:
     def latency(name: str) -> dict[str, float]:
         keys = ("p50_ms", "p90_ms", "p99_ms", "max_lag_ms")
@@ -203,7 +235,6 @@ def _report(
         if name != "direct"
     }
     report: dict[str, Any] = {
-        "settings": vars(args),
         "direct": {"latency": latency("direct"), "throughput": throughput["direct"]},
         "routers": routers,
         "kvstack_internal_added": internal,
@@ -229,8 +260,8 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b > 0 else None
 
 
-def _print(report: dict[str, Any]) -> None:
-    s = report["settings"]
+def _print(report: dict[str, Any], args: argparse.Namespace) -> None:
+    s = vars(args)
     print(
         f"router bench: {s['rounds']} interleaved rounds of {s['round_s']:.0f} s; open loop "
         f"{s['rate']:.0f} req/s, closed loop {s['connections']} connections; non-streaming; "

@@ -1,11 +1,12 @@
 """Shared-tier throughput: Redis batched get and peer fetch against loopback TCP, same run.
 
-    python -m kvstack.bench.micro.shared_tiers [--chunks 8] [--rounds 7] [--s3] [--json FILE]
+    kvstack bench shared [--chunks 8] [--rounds 7] [--s3] [--json FILE]
 
 Each figure is the median over rounds of one batched call moving ``--chunks`` chunks of the
-Llama-3-8B shape (32 MiB, bf16) on loopback; every server is a process of its own. The
-transfers are interleaved — each round runs every one of them once — so a busy machine slows
-the reference and the tiers alike and the ratios stay meaningful:
+Llama-3-8B shape (32 MiB, bf16) on loopback, with the range over rounds; every server is a
+process of its own. The transfers are interleaved — each round runs every one of them once —
+and each ratio to loopback TCP is taken per round (against that round's TCP figure), so a busy
+machine slows the reference and the tiers alike and the ratios stay meaningful:
 
 - ``tcp_loopback_gbps``: a sender process streams the same bytes over one TCP connection into
   preallocated buffers (``recv_into``) — the ceiling for any single-connection transfer here;
@@ -19,14 +20,15 @@ the reference and the tiers alike and the ratios stay meaningful:
 - ``s3`` (``--s3``): moto's S3 server in a process; store and get figures, for reference only
   (moto is a Python mock, not an S3 implementation to measure).
 
-:func:`run_shared_tier_bench` returns the figures as a dict (``kvstack bench kv`` can merge it).
+:func:`run_shared_tier_bench` returns the figures as a dict (``kvstack bench kv`` can merge it);
+the command prints the tables the docs publish (:mod:`kvstack.bench.micro.shared_report`) and
+ends with :func:`kvstack.bench.results.save` (``--json FILE``, else ``bench-results/shared/``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import socket
@@ -39,14 +41,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from kvstack.bench.micro import shared_procs
+from kvstack.bench.micro import shared_procs, shared_report
+from kvstack.bench.results import save
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import byte_view, torch
 from kvstack.kv.tiers import Tier, make_tier
 from kvstack.kv.tiers.redis.redis_server import large_value_env
 from kvstack.stack.ports import free_port
 
-__all__ = ["print_result", "redis_server", "run", "run_shared_tier_bench"]
+__all__ = [
+    "per_round_ratio",
+    "redis_server",
+    "run",
+    "run_shared_tier_bench",
+    "shared_figures",
+    "spread",
+]
 
 CHUNK_SHAPE = (32, 2, 256, 8, 128)  # Llama-3-8B, 256 tokens, bf16: 32 MiB
 CHUNK_BYTES = torch.Size(CHUNK_SHAPE).numel() * 2
@@ -60,17 +70,27 @@ class Transfer(NamedTuple):
     fetch: Callable[[], object]
 
 
-def interleaved(transfers: list[Transfer], rounds: int) -> dict[str, float]:
-    """GB/s of each transfer: the median of ``rounds`` timed calls, one of each per round."""
+def interleaved(transfers: list[Transfer], rounds: int) -> dict[str, list[float]]:
+    """GB/s of each transfer in each of ``rounds`` rounds, one timed call of each per round."""
     for transfer in transfers:
         transfer.fetch()  # warm up connections and caches
-    times: dict[str, list[float]] = {t.name: [] for t in transfers}
+    gbps: dict[str, list[float]] = {t.name: [] for t in transfers}
     for _ in range(rounds):
         for transfer in transfers:
             start = time.perf_counter()
             transfer.fetch()
-            times[transfer.name].append(time.perf_counter() - start)
-    return {t.name: t.num_bytes / statistics.median(times[t.name]) / 1e9 for t in transfers}
+            gbps[transfer.name].append(transfer.num_bytes / (time.perf_counter() - start) / 1e9)
+    return gbps
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, smallest and largest of a figure over rounds."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def per_round_ratio(values: list[float], reference: list[float]) -> dict[str, float]:
+    """The spread of ``values[i] / reference[i]``: each round against that round's reference."""
+    return spread([a / b for a, b in zip(values, reference, strict=True)])
 
 
 def _wait_port(port: int, timeout_s: float = 30) -> None:
@@ -191,7 +211,7 @@ def peer_transfer(num_chunks: int) -> Iterator[Transfer]:
         proc.kill()
 
 
-def measure_s3(num_chunks: int, rounds: int) -> dict[str, float]:
+def measure_s3(num_chunks: int, rounds: int) -> dict[str, Any]:
     """Store and get against moto's server (a mock: figures for reference only)."""
     port = free_port()
     creds = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
@@ -209,7 +229,12 @@ def measure_s3(num_chunks: int, rounds: int) -> dict[str, float]:
         keys, store_gbps = _store(tier, num_chunks, "s")
         outs = _outs(num_chunks)
         get = Transfer("s3", CHUNK_BYTES * num_chunks, lambda: _load(tier, keys, outs))
-        figures = {"store_gbps": store_gbps, "get_gbps": interleaved([get], rounds)["s3"]}
+        rounds_gbps = interleaved([get], rounds)["s3"]
+        figures: dict[str, Any] = {
+            "store_gbps": store_gbps,
+            "get_gbps": statistics.median(rounds_gbps),
+            "get_gbps_spread": spread(rounds_gbps),
+        }
         tier.close()
         return figures
     finally:
@@ -224,58 +249,50 @@ def run_shared_tier_bench(num_chunks: int = 8, rounds: int = 7, s3: bool = False
         tcp = stack.enter_context(tcp_transfer(num_chunks))
         redis_pair, store_gbps = stack.enter_context(redis_transfers(num_chunks, workdir))
         peer = stack.enter_context(peer_transfer(num_chunks))
-        gbps = interleaved([tcp, *redis_pair, peer], rounds)
-    reference = gbps["tcp"]
-    result: dict[str, Any] = {
-        "chunk_bytes": CHUNK_BYTES,
-        "num_chunks": num_chunks,
-        "rounds": rounds,
-        "load_average": os.getloadavg()[0],
-        "tcp_loopback_gbps": reference,
-        "redis": {
-            "get_gbps": gbps["redis"],
-            "get_ratio_vs_tcp": gbps["redis"] / reference,
-            "tuned_get_gbps": gbps["redis_tuned"],
-            "tuned_get_ratio_vs_tcp": gbps["redis_tuned"] / reference,
-            "redis_py_get_gbps": gbps["redis_py"],
-            "store_gbps": store_gbps,
-        },
-        "peer": {"get_gbps": gbps["peer"], "ratio_vs_tcp": gbps["peer"] / reference},
-    }
-    result["bars"] = {
-        "redis_get_ge_1gbps": gbps["redis_tuned"] >= REDIS_BAR_GBPS,
-        "peer_ge_half_tcp": result["peer"]["ratio_vs_tcp"] >= PEER_BAR_RATIO,
-    }
+        per_round = interleaved([tcp, *redis_pair, peer], rounds)
+    result = shared_figures(per_round, store_gbps, num_chunks)
     if s3:
         result["s3"] = measure_s3(min(num_chunks, 4), min(rounds, 3))
     return result
 
 
-def _verdict(ok: bool) -> str:
-    return "PASS" if ok else "FAIL"
+def shared_figures(
+    per_round: dict[str, list[float]], store_gbps: float, num_chunks: int
+) -> dict[str, Any]:
+    """The result from every round's GB/s of ``tcp``, ``redis``, ``redis_tuned``, ``redis_py``
+    and ``peer`` and the store figure: medians, ranges, per-round ratios to TCP, the bars."""
+    gbps = {name: statistics.median(values) for name, values in per_round.items()}
 
+    def ratio(name: str) -> dict[str, float]:
+        return per_round_ratio(per_round[name], per_round["tcp"])
 
-def print_result(result: dict[str, Any]) -> None:
-    tcp, bars = result["tcp_loopback_gbps"], result["bars"]
-    r, p = result["redis"], result["peer"]
-    mib = result["chunk_bytes"] / 2**20
-    print(f"{result['num_chunks']} chunks x {mib:.0f} MiB per call, median of "
-          f"{result['rounds']} interleaved rounds (load average {result['load_average']:.1f} "
-          f"on {os.cpu_count()} CPUs)")  # fmt: skip
-    print(f"  loopback TCP reference     {tcp:6.2f} GB/s")
-    print(f"  redis batched get          {r['tuned_get_gbps']:6.2f} GB/s  "
-          f"{r['tuned_get_ratio_vs_tcp']:.2f}x TCP  bar >= {REDIS_BAR_GBPS} GB/s: "
-          f"{_verdict(bars['redis_get_ge_1gbps'])}  (server as kvstack runs it)")  # fmt: skip
-    print(f"  redis batched get, stock   {r['get_gbps']:6.2f} GB/s  "
-          f"{r['get_ratio_vs_tcp']:.2f}x TCP  (jemalloc returns reply pages)")  # fmt: skip
-    print(f"  redis-py pipelined get     {r['redis_py_get_gbps']:6.2f} GB/s  (same values)")
-    print(f"  redis store (put + flush)  {r['store_gbps']:6.2f} GB/s")
-    print(f"  peer fetch                 {p['get_gbps']:6.2f} GB/s  "
-          f"{p['ratio_vs_tcp']:.2f}x TCP  bar >= {PEER_BAR_RATIO}x TCP: "
-          f"{_verdict(bars['peer_ge_half_tcp'])}")  # fmt: skip
-    if "s3" in result:
-        s3 = result["s3"]
-        print(f"  s3 (moto) get / store      {s3['get_gbps']:6.2f} / {s3['store_gbps']:.2f} GB/s")
+    result: dict[str, Any] = {
+        "chunk_bytes": CHUNK_BYTES,
+        "num_chunks": num_chunks,
+        "rounds": len(per_round["tcp"]),
+        "load_average": os.getloadavg()[0],
+        "tcp_loopback_gbps": gbps["tcp"],
+        "redis": {
+            "get_gbps": gbps["redis"],
+            "get_ratio_vs_tcp": ratio("redis")["median"],
+            "tuned_get_gbps": gbps["redis_tuned"],
+            "tuned_get_ratio_vs_tcp": ratio("redis_tuned")["median"],
+            "redis_py_get_gbps": gbps["redis_py"],
+            "store_gbps": store_gbps,
+        },
+        "peer": {"get_gbps": gbps["peer"], "ratio_vs_tcp": ratio("peer")["median"]},
+        # Every transfer's GB/s over rounds, and its per-round ratio to loopback TCP.
+        "spread_gbps": {name: spread(values) for name, values in per_round.items()},
+        "ratio_vs_tcp": {name: ratio(name) for name in per_round},
+        "rounds_gbps": per_round,
+        "bar_redis_gbps": REDIS_BAR_GBPS,
+        "bar_peer_ratio": PEER_BAR_RATIO,
+    }
+    result["bars"] = {
+        "redis_get_ge_1gbps": gbps["redis_tuned"] >= REDIS_BAR_GBPS,
+        "peer_ge_half_tcp": result["peer"]["ratio_vs_tcp"] >= PEER_BAR_RATIO,
+    }
+    return result
 
 
 def run(argv: list[str]) -> int:
@@ -286,12 +303,12 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--chunks", type=int, default=8, help="32 MiB chunks per batched call")
     parser.add_argument("--rounds", type=int, default=7, help="rounds per figure (median)")
     parser.add_argument("--s3", action="store_true", help="also measure s3 against moto")
-    parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument("--json", type=Path, help="the result file (default: bench-results/)")
     args = parser.parse_args(argv)
+    started = time.time()
     result = run_shared_tier_bench(args.chunks, args.rounds, args.s3)
-    print_result(result)
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    print(shared_report.markdown(result))
+    save("shared", argv, {**result, "args": vars(args)}, args.json, started=started)
     return 0
 
 

@@ -15,13 +15,16 @@
    shared with other work that test says more about the neighbours than about the simulator,
    so each point also reports the CPU milliseconds each process spent per request and the
    rate those costs would allow if the processes had this host's CPUs to themselves.
+
+Prints each figure as it is measured and ends with :func:`kvstack.bench.results.save`
+(``--json FILE``, else ``bench-results/sim/``); :mod:`kvstack.bench.micro.sim_report` renders
+the published tables from that result.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
@@ -39,6 +42,7 @@ from kvstack.bench.compare.ports import free_port
 from kvstack.bench.load.loadgen import LoadPlan
 from kvstack.bench.load.serve import run_serve
 from kvstack.bench.load.stats import SLO
+from kvstack.bench.results import save
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["FleetPoint", "SinglePoint", "run"]
@@ -242,7 +246,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-tokens", type=int, default=2000)
     p.add_argument("--output-tokens", type=int, default=64)
     p.add_argument("--router", default="kvstack-router:least_load", help="frontend preset")
-    p.add_argument("--json", type=Path)
+    p.add_argument("--json", type=Path, help="the result file (default: bench-results/sim/)")
     p.add_argument("--workdir", type=Path, default=Path("bench-results/sim"))
     return p
 
@@ -286,21 +290,29 @@ def _print_fleet(args: argparse.Namespace, points: list[FleetPoint]) -> None:
 
 
 def run(argv: list[str]) -> int:
+    started = time.time()
     args = _parser().parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    document: dict[str, Any] = {}
+    document: dict[str, Any] = {"args": vars(args), "cpus": os.cpu_count()}
     if args.part in ("single", "all"):
         single = single_engine(args.workdir, args.single_duration, args.concurrency)
         _print_single(single)
         document["single"] = [asdict(p) for p in single]
+        document["single_load"] = _load()
     if args.part in ("fleet", "all"):
         points = []
         for rate in (float(r) for r in args.rates.split(",")):
             points.append(fleet_point(args, rate, args.workdir))
             _print_fleet(args, points[-1:])
         document["fleet"] = [asdict(p) for p in points]
+        document["fleet_load"] = _load()
         fitting = [p.rate for p in points if p.fits]
+        document["highest_fitting_rate"] = max(fitting) if fitting else None
         print(f"highest simulated rate that fits: {max(fitting) if fitting else 'none'}")
-    if args.json:
-        args.json.write_text(json.dumps(document, indent=1))
+    save("sim", argv, document, args.json, started=started)
     return 0
+
+
+def _load() -> dict[str, Any]:
+    """Other work on this host when a part ended: load average and CPU pressure."""
+    return {"load_average": round(os.getloadavg()[0], 2), "cpu_pressure": cpu_pressure()}
