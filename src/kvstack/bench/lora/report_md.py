@@ -208,7 +208,9 @@ def headline(results: Path) -> list[tuple[str, str, str]]:
         r = newest(results, "lora", mode)
         if r is None or mode not in r.result:
             continue
-        rows.append((f"LoRA adapter cache vs LRU (lora-zipf), {title}", _figure(r, mode), _cmd(r)))
+        adapters = r.result.get("args", {}).get("adapters")
+        what = f"LoRA adapter cache vs LRU (lora-zipf, {adapters:,} adapters), {title}"
+        rows.append((what, _figure(r, mode), _cmd(r)))
     return rows
 
 
