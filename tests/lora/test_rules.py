@@ -32,7 +32,7 @@ FACTS = AdapterFacts(
     size_bytes=1 << 20,
     tier="hot",
     in_flight=0,
-    qps_10m=0.5,
+    qps_30m=0.5,
     no_request_for_minutes=3.0,
     error_rate_after_load=0.0,
     scheduled_warmup=False,
@@ -46,7 +46,7 @@ FACTS = AdapterFacts(
     [
         ("status == 'canary' and canary_percent > 0", True),
         ("tenant_priority == 'platinum'", False),
-        ("not (rank > 8) or qps_10m >= 0.5", True),
+        ("not (rank > 8) or qps_30m >= 0.5", True),
         ("tenant_priority in ('gold', 'platinum')", True),
         ("tenant_priority not in ['gold']", False),
         ("0 < no_request_for_minutes <= 5", True),
@@ -97,7 +97,7 @@ def test_pins_hold_for_current_versions_only() -> None:
 
 
 def _candidate(name: str, qps: float, last: float, tier: str = "standard") -> EvictionCandidate:
-    facts = dataclasses.replace(FACTS, adapter_id=name, qps_10m=qps, tenant_priority=tier)
+    facts = dataclasses.replace(FACTS, adapter_id=name, qps_30m=qps, tenant_priority=tier)
     return EvictionCandidate(name, facts, last, reload_s=1.0)
 
 
@@ -139,14 +139,14 @@ def test_a_new_version_inherits_its_adapters_popularity_and_the_old_one_loses_it
     promoted = _versions(Release("a", stable_version="2"))
     v1, v2 = (promoted.resolver.version("a", v) for v in ("1", "2"))
     assert v1 is not None and v2 is not None
-    assert promoted.of(v2, None, stats, 10.0).qps_10m == pytest.approx(rate)
-    assert promoted.of(v1, None, stats, 10.0).qps_10m == 0.0  # superseded: nothing routed to it
+    assert promoted.of(v2, None, stats, 10.0).qps_30m == pytest.approx(rate)
+    assert promoted.of(v1, None, stats, 10.0).qps_30m == 0.0  # superseded: nothing routed to it
     canary = _versions(Release("a", stable_version="1", canary_version="2", canary_percent=25))
-    assert canary.of(v2, None, stats, 10.0).qps_10m == pytest.approx(0.25 * rate)
-    assert canary.of(v1, None, stats, 10.0).qps_10m == pytest.approx(0.75 * rate)
+    assert canary.of(v2, None, stats, 10.0).qps_30m == pytest.approx(0.25 * rate)
+    assert canary.of(v1, None, stats, 10.0).qps_30m == pytest.approx(0.75 * rate)
     stats.get("a@2").on_request(10.0, 600.0)  # both versions' requests count
     total = rate + stats.get("a@2").rate(10.0, 600.0)
-    assert promoted.of(v2, None, stats, 10.0).qps_10m == pytest.approx(total)
+    assert promoted.of(v2, None, stats, 10.0).qps_30m == pytest.approx(total)
 
 
 def test_pruned_stats_leave_their_adapters_rate() -> None:

@@ -7,7 +7,7 @@ The cache policy has the shape operators write in YAML::
         gpu_slots_per_base_model: 8
         host_slots_per_base_model: 64
         eviction_policy: weighted-lru        # or lru, the baseline
-        hot_score: {qps_10m: 0.45, ttft_penalty_if_cold: 0.25, tenant_priority: 0.20,
+        hot_score: {qps_30m: 0.45, ttft_penalty_if_cold: 0.25, tenant_priority: 0.20,
                     scheduled_warmup: 0.10}
         never_evict_when: ["status == 'canary' and canary_percent > 0",
                            "tenant_priority == 'platinum' and home_rank < 1"]
@@ -22,16 +22,21 @@ the benchmark is the difference between weighted hotness clearly beating LRU and
 
 A leaf of the package: besides :mod:`kvstack.section` it imports only the rule language and the
 fact schema, both pure and config-level, so loading the section loads no runtime module.
+
+Renamed keys and fact names (:data:`kvstack.lora.facts.RENAMED_FACTS`: ``qps_10m`` is now
+``qps_30m``, the window it always had) are still accepted, as hot-score keys and in rules, with
+a ``FutureWarning`` naming the new one; the loaded config holds the new names.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import warnings
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from kvstack.lora.expr import compile_rule
-from kvstack.lora.facts import FACT_TYPES
+from kvstack.lora.expr import compile_rule, rename_fields
+from kvstack.lora.facts import FACT_TYPES, RENAMED_FACTS
 from kvstack.section import Section, parse_size
 
 __all__ = [
@@ -51,11 +56,12 @@ SUPPORTED_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pr
 class HotScoreWeights(Section):
     """Weights of the hot score's features; each feature lies in [0, 1]."""
 
-    qps_10m: float = Field(
+    qps_30m: float = Field(
         default=0.45,
         ge=0,
-        description="decayed request rate (time constant qps_window_s) of the adapter on the "
-        "engine, all versions together, times this version's share of traffic (0 once superseded)",
+        description="request rate of the adapter on the engine, decayed over qps_window_s "
+        "(default 30 minutes), all versions together, times this version's share of traffic "
+        "(0 once superseded); formerly qps_10m, still accepted with a warning",
     )
     ttft_penalty_if_cold: float = Field(
         default=0.25, ge=0, description="predicted reload time if evicted, relative to others"
@@ -64,6 +70,21 @@ class HotScoreWeights(Section):
     scheduled_warmup: float = Field(
         default=0.10, ge=0, description="bonus while a scheduled warmup window covers the adapter"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        for old, new in RENAMED_FACTS.items():
+            if old not in data:
+                continue
+            if new in data:
+                raise ValueError(f"hot_score: give {new} only ({old} is its former name)")
+            _warn_renamed(f"lora.adapter_cache_policy.hot_score.{old}", old, new)
+            data[new] = data.pop(old)
+        return data
 
 
 class AdapterCachePolicy(Section):
@@ -95,8 +116,8 @@ class AdapterCachePolicy(Section):
     qps_window_s: float = Field(
         default=1800.0,
         gt=0,
-        description="time constant of the decayed request rate (the qps_10m feature); longer "
-        "than its name's 10 minutes because rarely used adapters would then have counts of 0-3, "
+        description="time constant of the decayed request rate (the qps_30m feature, named "
+        "after this default); with 10 minutes rarely used adapters have decayed counts of 0-3, "
         "which rank them by chance",
     )
     demote_interval_s: float = Field(default=60.0, gt=0, description="seconds between sweeps")
@@ -104,6 +125,7 @@ class AdapterCachePolicy(Section):
     @field_validator("never_evict_when", "demote_when")
     @classmethod
     def _rules_parse(cls, rules: list[str]) -> list[str]:
+        rules = [_upgraded_rule(rule) for rule in rules]
         for rule in rules:
             compile_rule(rule, FACT_TYPES)
         return rules
@@ -170,6 +192,7 @@ class ScheduledWarmup(Section):
     @field_validator("select")
     @classmethod
     def _select_parses(cls, rule: str) -> str:
+        rule = _upgraded_rule(rule)
         compile_rule(rule, FACT_TYPES)
         return rule
 
@@ -266,3 +289,20 @@ class LoRAConfig(Section):
 
     def tenant(self, tenant_id: str) -> TenantPolicy:
         return self.tenants.get(tenant_id, self.default_tenant)
+
+
+def _warn_renamed(where: str, old: str, new: str) -> None:
+    warnings.warn(
+        f"{where}: {old!r} is deprecated and will be removed; use {new!r} "
+        f"(the same value under the name that says its window)",
+        FutureWarning,
+        stacklevel=4,
+    )
+
+
+def _upgraded_rule(rule: str) -> str:
+    """``rule`` with former fact names replaced by their new ones (with a warning)."""
+    upgraded, old_names = rename_fields(rule, RENAMED_FACTS)
+    for old in old_names:
+        _warn_renamed(f"rule {rule!r}", old, RENAMED_FACTS[old])
+    return upgraded

@@ -20,7 +20,7 @@ from typing import Any
 
 from kvstack.errors import ConfigError
 
-__all__ = ["Rule", "compile_rule"]
+__all__ = ["Rule", "compile_rule", "rename_fields"]
 
 Value = str | int | float | bool | None
 Fields = Mapping[str, Any]
@@ -58,6 +58,26 @@ def compile_rule(text: str, types: Mapping[str, type]) -> Rule:
         raise ConfigError(f"rule {text!r} is not valid: {exc.msg}") from None
     fn, _ = _Compiler(text, types).visit(tree.body)
     return Rule(text, fn)
+
+
+def rename_fields(text: str, renames: Mapping[str, str]) -> tuple[str, list[str]]:
+    """``text`` with every field named in ``renames`` replaced by its new name, and the old
+    names it used. Only names are replaced, never text inside a string constant; a rule that
+    does not parse is returned as it is (:func:`compile_rule` then says why)."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        return text, []
+    found = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in renames]
+    if not found:
+        return text, []
+    lines = text.strip().split("\n")
+    # From the last to the first, so earlier offsets stay valid. Offsets count UTF-8 bytes.
+    for node in sorted(found, key=lambda n: (n.lineno, n.col_offset), reverse=True):
+        raw = lines[node.lineno - 1].encode()
+        start, end = node.col_offset, node.end_col_offset or node.col_offset
+        lines[node.lineno - 1] = (raw[:start] + renames[node.id].encode() + raw[end:]).decode()
+    return "\n".join(lines), sorted({n.id for n in found})
 
 
 class _Compiler:

@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FACT_TYPES", "AdapterFacts"]
+__all__ = ["FACT_TYPES", "RENAMED_FACTS", "AdapterFacts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +27,9 @@ class AdapterFacts:
     size_bytes: int
     tier: str  # hot or warm: where it is on this engine now
     in_flight: int  # requests using it on this engine
-    qps_10m: float  # decayed request rate this version can expect here (see FactsBuilder.of)
+    # Requests per second this version can expect here, decayed with the time constant
+    # qps_window_s (default 1800 s, the 30 minutes of the name; see FactsBuilder.of).
+    qps_30m: float
     no_request_for_minutes: float
     error_rate_after_load: float  # failed / all requests since it was last loaded here
     scheduled_warmup: bool  # a scheduled warmup window covers it now
@@ -69,10 +71,14 @@ FACT_TYPES: dict[str, type] = {
     "size_bytes": int,
     "tier": str,
     "in_flight": int,
-    "qps_10m": float,
+    "qps_30m": float,
     "no_request_for_minutes": float,
     "error_rate_after_load": float,
     "scheduled_warmup": bool,
     "is_current": bool,
     "home_rank": int,
 }
+
+# Former fact names (in rules) and hot-score weight keys, accepted with a warning: old -> new.
+# ``qps_10m`` was a rate decayed over 30 minutes, not 10.
+RENAMED_FACTS: dict[str, str] = {"qps_10m": "qps_30m"}

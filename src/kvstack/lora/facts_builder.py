@@ -36,7 +36,7 @@ class FactsBuilder:
     ) -> AdapterFacts:
         """Facts about ``a`` on one engine (``entry``/``stats``/``home_rank``), or anywhere.
 
-        ``qps_10m`` is the rate this version can expect: the adapter's rate over all its
+        ``qps_30m`` is the rate this version can expect: the adapter's rate over all its
         versions on the engine times this version's share of its traffic (the canary percent,
         the rest for the stable version), and 0 for a version no request is routed to any more.
         A version's own history would rank a just-published version of a popular adapter as
@@ -61,7 +61,7 @@ class FactsBuilder:
             size_bytes=a.size_bytes,
             tier=entry.tier.value if entry else "cold",
             in_flight=entry.in_flight if entry else 0,
-            qps_10m=qps,
+            qps_30m=qps,
             no_request_for_minutes=seen.idle_minutes(now) if seen else float("inf"),
             error_rate_after_load=seen.error_rate() if seen else 0.0,
             scheduled_warmup=False,

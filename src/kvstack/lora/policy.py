@@ -58,7 +58,7 @@ class WeightedLRUPolicy(AdapterPolicy):
     def victim(self, candidates: Sequence[EvictionCandidate]) -> EvictionCandidate | None:
         if not candidates:
             return None
-        qps_rank = _percentile_ranks([c.facts.qps_10m for c in candidates])
+        qps_rank = _percentile_ranks([c.facts.qps_30m for c in candidates])
         max_reload = max(c.reload_s for c in candidates) or 1.0
         scored = [
             (
@@ -75,7 +75,7 @@ class WeightedLRUPolicy(AdapterPolicy):
     def score(self, c: EvictionCandidate, qps_feature: float, reload_feature: float) -> float:
         w = self.weights
         return (
-            w.qps_10m * qps_feature
+            w.qps_30m * qps_feature
             + w.ttft_penalty_if_cold * reload_feature
             + w.tenant_priority * self.priority_weights.get(c.facts.tenant_priority, 0.0)
             + w.scheduled_warmup * (1.0 if c.facts.scheduled_warmup else 0.0)

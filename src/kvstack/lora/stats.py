@@ -1,6 +1,6 @@
-"""Per-adapter request statistics on one engine: a decayed request rate (``qps_10m``), the last
-request time, and errors since the last load. Kept after an adapter goes cold (like a ghost
-list), so an adapter that returns is recognised as popular; idle entries are pruned."""
+"""Per-adapter request statistics on one engine: a decayed request rate (the ``qps_30m`` fact),
+the last request time, and errors since the last load. Kept after an adapter goes cold (like a
+ghost list), so an adapter that returns is recognised as popular; idle entries are pruned."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kvstack.bench.lora.run_sim import ArmResult, RequestRecord
+from kvstack.bench.lora.records import ArmResult, RequestRecord
 from kvstack.bench.lora.setup import BYTES_PER_RANK
 from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, LoRAZipfArrival
 from kvstack.lora.adapters import AdapterVersion, Release, Status
@@ -71,6 +71,7 @@ class _Engine:
 class _Des:
     def __init__(
         self,
+        arm: str,
         config: LoRAConfig,
         adapters: list[LoRAZipfAdapter],
         engines: int,
@@ -100,7 +101,7 @@ class _Des:
         self.engines = [self._engine(url) for url in self.urls]
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
-        self.result = ArmResult(config.adapter_cache_policy.eviction_policy)
+        self.result = ArmResult(arm)
         self.counting = False
 
     def _engine(self, url: str) -> _Engine:
@@ -289,6 +290,7 @@ def _version(a: LoRAZipfAdapter) -> AdapterVersion:
 
 
 def run_des(
+    arm: str,
     config: LoRAConfig,
     adapters: list[LoRAZipfAdapter],
     arrivals: list[LoRAZipfArrival],
@@ -299,7 +301,7 @@ def run_des(
 ) -> ArmResult:
     import time
 
-    des = _Des(config, adapters, engines, timing, slack)
+    des = _Des(arm, config, adapters, engines, timing, slack)
     started = time.monotonic()
     des.run(arrivals, adapters, warmup)
     des.result.wall_s = time.monotonic() - started

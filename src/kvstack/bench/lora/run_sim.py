@@ -5,18 +5,19 @@ Per request the bench router resolves the adapter (stable, or the new version af
 mid-run rollout), picks an engine with the manager's affinity scores (hot > warm > the
 adapter's rendezvous home) among engines not more than ``slack`` requests busier than the
 least busy, asks ``ensure_hot`` under the request's class budget, streams the completion and
-records TTFT in simulated seconds. Both arms see identical arrivals, engines and store timing.
+records TTFT in simulated seconds. Every arm sees identical arrivals, engines and store timing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from kvstack.bench.lora.records import ArmResult, RequestRecord
 from kvstack.bench.lora.setup import CountingDriver, ModelledStore
 from kvstack.bench.workloads.lora_zipf import LoRAZipfAdapter, LoRAZipfArrival
 from kvstack.lora.affinity import pick_engine
@@ -28,34 +29,12 @@ from kvstack.lora.plane import ControlPlane
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.upkeep import Upkeep, run_warmups, sync_releases
 
-__all__ = ["ArmResult", "RequestRecord", "run_arm"]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    tier: str
-    interactive: bool
-    start: str  # residency at arrival on the chosen engine: hot, warm, cold
-    action: str
-    reason: str
-    ttft_s: float | None  # simulated seconds; None when refused or failed
-    after_warmup: bool
-    wrong_version: bool
-
-
-@dataclass
-class ArmResult:
-    policy: str
-    records: list[RequestRecord] = field(default_factory=list)
-    cold_loads: int = 0  # fetches from the artifact store after warmup
-    engine_loads: int = 0  # engine loads after warmup
-    invariants: dict[str, int] = field(default_factory=dict)
-    wall_s: float = 0.0
+__all__ = ["ArmSetup", "run_arm"]
 
 
 @dataclass
 class ArmSetup:
-    policy: str
+    arm: str
     config: LoRAConfig
     plane: ControlPlane
     store: ModelledStore
@@ -80,7 +59,7 @@ async def run_arm(
             url=u,
             base_model="bench-base",
             served_model_name="base",
-            warm_dir=str(s.warm_root / f"{s.policy}-{i}"),
+            warm_dir=str(s.warm_root / f"{s.arm}-{i}"),
             max_lora_rank=64,
         )
         for i, u in enumerate(s.urls)
@@ -99,8 +78,8 @@ async def run_arm(
         _clock(s.time_scale),
         time_scale=s.time_scale,
     )
-    result = ArmResult(s.policy)
-    run_warmups(manager)  # scheduled warmups at startup (the same for both arms)
+    result = ArmResult(s.arm)
+    run_warmups(manager)  # scheduled warmups at startup (the same for every arm)
     await asyncio.gather(
         *(t for e in manager.engines.values() for t in e.loads.values()), return_exceptions=True
     )

@@ -17,15 +17,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstack.lora.basemodel import BaseModelDims
 from kvstack.lora.config import BaseModelRef, LoRAConfig
 from kvstack.lora.driver import EngineDriver, EngineLoRAInfo
 from kvstack.lora.manifest import Manifest
-from kvstack.lora.plane import ControlPlane
 from kvstack.lora.store import ArtifactRef, ArtifactStore, parse_digest
 from kvstack.stack.ports import free_port_run
+
+if TYPE_CHECKING:
+    from kvstack.lora.plane import ControlPlane
 
 __all__ = ["BASE_DIMS", "CountingDriver", "LoRABenchFleet", "ModelledStore", "write_adapter"]
 
