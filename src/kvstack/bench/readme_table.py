@@ -28,4 +28,5 @@ def render(results: Path) -> str:
             rows += headline(results)
     if not rows:
         return "_No committed benchmark results yet._"
+    rows = [(w, f, c if c.startswith("`") else f"`{c}`") for w, f, c in rows]
     return table(("what", "figure", "command"), rows)
