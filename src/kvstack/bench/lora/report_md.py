@@ -31,7 +31,7 @@ def pct(x: float | None) -> str:
 def _spread(s: dict[str, Any] | None, fmt: Callable[[float], str] = pct) -> str:
     if not s:
         return "–"
-    if s["min"] == s["max"]:
+    if fmt(s["min"]) == fmt(s["max"]):  # equal as shown (p99 steps differ in float noise)
         return fmt(s["median"])
     return f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"
 
