@@ -1,12 +1,12 @@
 """``kvstack bench all --quick``: a small version of every published benchmark, one after another.
 
 Each benchmark runs as its own ``kvstack`` process with the small settings in :data:`QUICK`
-(meant to fit the whole plan in 20 minutes on 2 cores; the run prints its wall time) and writes its result file into
-``--out`` (default ``bench-results/all-<stamp>``), laid out as ``benchmarks/results`` is. Then
-every README headline figure is printed twice: from this run and from the committed results,
-so a reader sees at once whether their machine and checkout reproduce the published numbers.
-The quick settings are smaller than the published ones (each result file holds its command
-line), so expect the same shape rather than the same figures.
+(meant to fit the whole plan in 20 minutes on 2 cores; the run prints its wall time) and
+writes its result file into ``--out`` (default ``bench-results/all-<stamp>``), laid out as
+``benchmarks/results`` is. Then every README headline figure is printed twice, from this run
+and from the committed results, so a reader sees at once whether their machine and checkout
+reproduce the published numbers. The quick settings are smaller than the published ones (each
+result file holds its command line), so expect the same shape rather than the same figures.
 
 ``--only kv,radix`` runs a subset; ``--list`` prints the plan and exits.
 """
