@@ -51,7 +51,9 @@ def test_newest_picks_by_measured_time_and_variant(tmp_path: Path) -> None:
                "measured": f"{day}T00:00:00Z", "result": {"day": day}}  # fmt: skip
         (folder / name).write_text(json.dumps(doc))
     assert results.newest(tmp_path, "compare", "unique").result["day"] == "2026-12-01"
-    assert results.newest(tmp_path, "compare").result["day"] == "2026-12-02"
+    assert results.newest(tmp_path, "compare") is None  # only variant files there
+    (folder / "compare-2026-10-01.json").write_text((folder / "compare-unique-a.json").read_text())
+    assert results.newest(tmp_path, "compare").result["day"] == "2026-11-01"
     assert results.newest(tmp_path, "kv") is None
 
 

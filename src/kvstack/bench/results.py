@@ -277,11 +277,16 @@ def load(path: Path) -> Result:
 def newest(directory: Path, bench: str, variant: str | None = None) -> Result | None:
     """The newest committed result of ``bench`` (by measured time), or None.
 
-    ``variant`` picks files named ``<bench>-<variant>-*.json`` (for example one compare config).
+    ``variant`` picks files named ``<bench>-<variant>-*.json`` (for example one compare config);
+    without it, only the plain ``<bench>-<day>.json`` files count.
     """
     folder = directory / bench
     if not folder.is_dir():
         return None
     prefix = f"{bench}-{variant}-" if variant else f"{bench}-"
-    found = [load(p) for p in sorted(folder.glob(f"{prefix}*.json"))]
+    paths = sorted(folder.glob(f"{prefix}*.json"))
+    if variant is None:  # the plain files only: <bench>-<day or stamp>.json, <bench>-quick.json
+        paths = [p for p in paths if p.name[len(prefix) :][:1].isdigit()
+                 or p.name[len(prefix) :].startswith("quick")]  # fmt: skip
+    found = [load(p) for p in paths]
     return max(found, key=lambda r: r.measured, default=None)
