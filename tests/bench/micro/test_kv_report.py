@@ -9,6 +9,7 @@ from typing import Any
 
 from kvstack.bench.micro import kv, kv_report
 from kvstack.bench.micro.kv_figures import summarise
+from kvstack.bench.results import newest
 from tests.bench.micro.conftest import SaveResult
 
 CHUNK_BYTES = 32 << 20
@@ -108,7 +109,7 @@ def test_variant_files_are_not_the_plain_run(save_result: SaveResult) -> None:
     device.write_text(
         (results / "kv" / "kv-2026-12-01.json").read_text().replace("2026-12-01T", "2026-12-02T")
     )
-    picked = kv_report.newest_plain(results, "kv")
+    picked = newest(results, "kv")
     assert picked is not None and picked.path.name == "kv-2026-12-01.json"
 
 

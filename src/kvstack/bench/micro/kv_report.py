@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from kvstack.bench.report import stale_line, table, target
-from kvstack.bench.results import Result, load
+from kvstack.bench.results import newest
 
-__all__ = ["headline", "markdown", "newest_plain", "render"]
+__all__ = ["headline", "markdown", "render"]
 
 SECRET_TIERS = ("cpu", "cpu+mac", "cpu+verify", "file", "file+mac")
 _SECRET_NAMES = {
@@ -29,20 +29,6 @@ _REF_ROWS = (  # (row, store reference, retrieve reference)
     ("raw write / read (reference)", "raw write", "raw read"),
     ("raw write + fsync (reference)", "raw write+fsync", None),
 )
-
-
-def newest_plain(results: Path, bench: str) -> Result | None:
-    """The newest result of ``bench`` without a variant (``<bench>-<date>….json``, not
-    ``<bench>-<variant>-….json``)."""
-    folder = results / bench
-    if not folder.is_dir():
-        return None
-    found = [
-        load(p)
-        for p in sorted(folder.glob(f"{bench}-*.json"))
-        if p.name[len(bench) + 1 : len(bench) + 2].isdigit()
-    ]
-    return max(found, key=lambda r: r.measured, default=None)
 
 
 def _gbps(x: float) -> str:
@@ -149,14 +135,14 @@ def _secret(result: dict[str, Any]) -> str:
 
 
 def render(results: Path) -> str:
-    r = newest_plain(results, "kv")
+    r = newest(results, "kv")
     if r is None:
         return "_No committed result of `kvstack bench kv` yet._"
     return stale_line(r) + "\n\n" + markdown(r.result)
 
 
 def headline(results: Path) -> list[tuple[str, str, str]]:
-    r = newest_plain(results, "kv")
+    r = newest(results, "kv")
     if r is None:
         return []
     cpu = r.result["tiers"]["cpu"]
