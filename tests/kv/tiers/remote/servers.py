@@ -122,11 +122,22 @@ class RedisCluster:
              "--cluster-yes"],
             capture_output=True, check=True, timeout=60,
         )  # fmt: skip
-        deadline = time.monotonic() + 20
-        while "cluster_state:ok" not in self.nodes[0].cli("CLUSTER", "INFO"):
-            assert time.monotonic() < deadline, "redis cluster did not reach state ok"
+        # Every node, not only the first, must see all masters and all slots: a write routed to
+        # a node still converging gets CLUSTERDOWN, which the tier counts as a dropped write.
+        deadline = time.monotonic() + 30
+        while not all(self._converged(node) for node in self.nodes):
+            assert time.monotonic() < deadline, "redis cluster did not converge on every node"
             time.sleep(0.05)
         return self
+
+    def _converged(self, node: RedisServer) -> bool:
+        info = node.cli("CLUSTER", "INFO")
+        wanted = (
+            "cluster_state:ok",
+            "cluster_slots_ok:16384",
+            f"cluster_known_nodes:{len(self.nodes)}",
+        )
+        return all(line in info for line in wanted)
 
     def stop(self) -> None:
         for node in self.nodes:
