@@ -22,19 +22,26 @@ __all__ = [
     "complete",
     "first_disagreement",
     "generate",
+    "launch_engine",
     "metric_total",
     "start_engine",
     "wait_metric",
 ]
 
 
-def start_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServer:
+def launch_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServer:
+    """An engine whose process is started but not awaited (``.wait_ready()`` awaits it): a
+    module's engines boot together, in about the time of one on two cores."""
     spec.setdefault("served_model_name", "toy")
     spec.setdefault("max_model_len", 16384)
     server = VLLMServer(
         VLLMServerSpec(model=str(model), port=free_port(), **spec), log_dir / f"{name}.log"
     )
-    return server.start()
+    return server.launch()
+
+
+def start_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServer:
+    return launch_engine(model, log_dir, name, **spec).wait_ready()
 
 
 def _body(prompt: list[int], model: str, max_tokens: int, extra: dict[str, Any]) -> dict[str, Any]:

@@ -19,7 +19,7 @@ import pytest
 from kvstack.integrations.plan import block_aligned_hit
 from kvstack.models.toy import build_toy_lora
 from kvstack.stack.vllm_server import VLLMServer, connector_config
-from tests.e2e.engines import complete, metric_total, start_engine, wait_metric
+from tests.e2e.engines import complete, launch_engine, metric_total, wait_metric
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -49,7 +49,8 @@ def loras(toy_model: Path, workdir: Path) -> list[str]:
 def engine(
     toy_model: Path, workdir: Path, name: str, tiers: list[str] | None, extra: list[str]
 ) -> VLLMServer:
-    return start_engine(
+    """Launched, not yet awaited (``.wait_ready()``)."""
+    return launch_engine(
         toy_model,
         workdir,
         name,
@@ -60,22 +61,35 @@ def engine(
     )
 
 
-@pytest.fixture(scope="module")
-def reference(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[VLLMServer]:
-    server = engine(toy_model, workdir, "reference", None, loras)
-    yield server
-    server.stop()
-
-
 def tiers_a(workdir: Path) -> list[str]:
     return ["cpu://?size=256MiB", f"file://{workdir / 'shared-kv'}?size=2GiB"]
 
 
 @pytest.fixture(scope="module")
-def engine_a(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[VLLMServer]:
-    server = engine(toy_model, workdir, "engine-a", tiers_a(workdir), loras)
-    yield server
-    server.stop()
+def booting(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[dict[str, VLLMServer]]:
+    """The module's three long-lived engines boot together; each fixture waits for its own.
+    Engine B reads the shared directory at request time, so booting it early changes nothing."""
+    b_tiers = [f"file://{workdir / 'shared-kv'}?size=2GiB"]
+    servers = {
+        "reference": engine(toy_model, workdir, "reference", None, loras),
+        "engine-a": engine(toy_model, workdir, "engine-a", tiers_a(workdir), loras),
+        "engine-b": engine(toy_model, workdir, "engine-b", b_tiers, loras),
+    }
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(booting: dict[str, VLLMServer]) -> VLLMServer:
+    return booting["reference"].wait_ready()
+
+
+@pytest.fixture(scope="module")
+def engine_a(booting: dict[str, VLLMServer]) -> VLLMServer:
+    return booting["engine-a"].wait_ready()
 
 
 def test_loaded_kv_gives_the_tokens_recomputation_gives(
@@ -123,7 +137,9 @@ def test_a_restarted_engine_still_hits_its_disk_tier(
     toy_model: Path, workdir: Path, loras: list[str], reference: VLLMServer, engine_a: VLLMServer
 ) -> None:
     engine_a.stop()
-    restarted = engine(toy_model, workdir, "engine-a-restarted", tiers_a(workdir), loras)
+    restarted = engine(
+        toy_model, workdir, "engine-a-restarted", tiers_a(workdir), loras
+    ).wait_ready()
     try:
         tokens = prompt(LENGTHS[-1], seed=len(LENGTHS) - 1)  # stored by engine A before it stopped
         assert complete(restarted, tokens) == complete(reference, tokens)
@@ -137,13 +153,9 @@ SHARED = prompt(3000, seed=1234)
 
 
 @pytest.fixture(scope="module")
-def engine_b(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[VLLMServer]:
+def engine_b(booting: dict[str, VLLMServer]) -> VLLMServer:
     """Another process sharing only the disk directory."""
-    server = engine(
-        toy_model, workdir, "engine-b", [f"file://{workdir / 'shared-kv'}?size=2GiB"], loras
-    )
-    yield server
-    server.stop()
+    return booting["engine-b"].wait_ready()
 
 
 def test_another_instance_loads_what_the_first_stored(

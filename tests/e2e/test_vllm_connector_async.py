@@ -29,8 +29,8 @@ from tests.e2e.engines import (
     chunk_files,
     complete,
     generate,
+    launch_engine,
     metric_total,
-    start_engine,
     wait_metric,
 )
 
@@ -54,19 +54,48 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def file_engine(model: Path, workdir: Path, name: str) -> VLLMServer:
+    """Launched, not yet awaited (``.wait_ready()``)."""
     tiers = [f"file://{workdir / 'kv'}?size=2GiB"]
-    return start_engine(
+    return launch_engine(
         model, workdir, name, max_model_len=4096,
         kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
         env={"VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
 
 
+def hybrid_model(toy_model: Path, workdir: Path) -> Path:
+    """The toy model with a full-attention and a sliding-window layer."""
+    model = workdir / "hybrid-model"
+    shutil.copytree(toy_model, model)
+    config = json.loads((model / "config.json").read_text())
+    config.update(layer_types=["full_attention", "sliding_attention"], sliding_window=128)
+    (model / "config.json").write_text(json.dumps(config))
+    return model
+
+
 @pytest.fixture(scope="module")
-def engine_a(toy_model: Path, workdir: Path) -> Iterator[VLLMServer]:
-    server = file_engine(toy_model, workdir, "engine-a")
-    yield server
-    server.stop()
+def booting(toy_model: Path, workdir: Path) -> Iterator[dict[str, VLLMServer]]:
+    """The module's engines boot together; each fixture waits for its own. Engine B reads the
+    shared directory at request time, so booting it early changes nothing."""
+    tiers = [f"file://{workdir / 'hybrid-kv'}?size=1GiB"]
+    servers = {
+        "engine-a": file_engine(toy_model, workdir, "engine-a"),
+        "engine-b": file_engine(toy_model, workdir, "engine-b"),
+        "hybrid": launch_engine(
+            hybrid_model(toy_model, workdir), workdir, "hybrid", max_model_len=4096,
+            kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
+        ),
+    }  # fmt: skip
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def engine_a(booting: dict[str, VLLMServer]) -> VLLMServer:
+    return booting["engine-a"].wait_ready()
 
 
 def stored(paths: list[Path], timeout_s: float = 30.0) -> list[Path]:
@@ -142,10 +171,8 @@ def test_a_load_failing_mid_transfer_is_recomputed_from_that_block(
 
 
 @pytest.fixture(scope="module")
-def engine_b(toy_model: Path, workdir: Path) -> Iterator[VLLMServer]:
-    server = file_engine(toy_model, workdir, "engine-b")
-    yield server
-    server.stop()
+def engine_b(booting: dict[str, VLLMServer]) -> VLLMServer:
+    return booting["engine-b"].wait_ready()
 
 
 def test_another_instance_serves_the_answer_of_a_first_turn(
@@ -165,19 +192,8 @@ def test_another_instance_serves_the_answer_of_a_first_turn(
 
 
 @pytest.fixture(scope="module")
-def hybrid_engine(toy_model: Path, workdir: Path) -> Iterator[VLLMServer]:
-    model = workdir / "hybrid-model"
-    shutil.copytree(toy_model, model)
-    config = json.loads((model / "config.json").read_text())
-    config.update(layer_types=["full_attention", "sliding_attention"], sliding_window=128)
-    (model / "config.json").write_text(json.dumps(config))
-    tiers = [f"file://{workdir / 'hybrid-kv'}?size=1GiB"]
-    server = start_engine(
-        model, workdir, "hybrid", max_model_len=4096,
-        kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
-    )  # fmt: skip
-    yield server
-    server.stop()
+def hybrid_engine(booting: dict[str, VLLMServer]) -> VLLMServer:
+    return booting["hybrid"].wait_ready()
 
 
 def test_a_hybrid_model_starts_and_is_served_without_hits(

@@ -130,7 +130,16 @@ class VLLMServer(ManagedProcess):
         return self.spec.served_model_name or self.spec.model
 
     def start(self) -> VLLMServer:
+        return self.launch().wait_ready()
+
+    def launch(self) -> VLLMServer:
+        """Start the process without waiting for it: several engines then boot at once (a
+        boot is mostly one core importing and initialising), each awaited by :meth:`wait_ready`."""
         super().start()
+        return self
+
+    def wait_ready(self) -> VLLMServer:
+        """Wait until /health answers; stop the process if it never does."""
         try:
             self.wait_healthy(f"{self.url}/health", self.start_timeout_s)
         except BaseException:

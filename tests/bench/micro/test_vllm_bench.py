@@ -75,14 +75,14 @@ def test_the_overhead_scenario_rotates_its_arms_and_saves_an_interval(
     order: list[str] = []
 
     @contextlib.contextmanager
-    def engine(self: vllm_harness.Engines, name: str, kv: Any, **_: Any) -> Iterator[str]:
-        yield name
+    def engines(self: vllm_harness.Engines, arms: dict[str, Any]) -> Iterator[dict[str, str]]:
+        yield {name: name for name in arms}
 
     def stream_ttft(server: str, prompt: list[int]) -> float:
         order.append(server)
         return {"plain_vllm": 1.0, "kvstack": 1.02}.get(server, 1.01)
 
-    monkeypatch.setattr(vllm_harness.Engines, "engine", engine)
+    monkeypatch.setattr(vllm_harness.Engines, "engines", engines)
     monkeypatch.setattr(vllm_paired, "stream_ttft", stream_ttft)
     monkeypatch.setattr(vllm_paired, "metric_value", lambda server, name: 1.0)
     monkeypatch.setattr(vllm_paired.time, "sleep", lambda s: None)

@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,14 +50,13 @@ class Engines:
     max_model_len: int = 16384
     kv_cache_space_gib: int = 2
 
-    @contextlib.contextmanager
-    def engine(
+    def _server(
         self,
         name: str,
         kv_transfer: dict[str, Any] | None,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
-    ) -> Iterator[VLLMServer]:
+    ) -> VLLMServer:
         spec = VLLMServerSpec(
             model=str(self.model),
             port=free_port(),
@@ -68,13 +67,39 @@ class Engines:
             extra_args=list(extra_args),
             env={"VLLM_SERVER_DEV_MODE": "1", **(env or {})},
         )
-        server = VLLMServer(spec, self.work / f"{name}.log", start_timeout_s=900)
+        return VLLMServer(spec, self.work / f"{name}.log", start_timeout_s=900)
+
+    @contextlib.contextmanager
+    def engine(
+        self,
+        name: str,
+        kv_transfer: dict[str, Any] | None,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> Iterator[VLLMServer]:
+        server = self._server(name, kv_transfer, extra_args, env)
         print(f"  starting {name} ...", flush=True)
         server.start()
         try:
             yield server
         finally:
             server.stop()
+
+    @contextlib.contextmanager
+    def engines(self, arms: Mapping[str, dict[str, Any] | None]) -> Iterator[dict[str, VLLMServer]]:
+        """One engine per arm, all booting at once: a boot is mostly one core importing and
+        initialising, so two boot in about the time of one. Nothing is measured during boots."""
+        servers = {name: self._server(name, kv) for name, kv in arms.items()}
+        print(f"  starting {', '.join(servers)} ...", flush=True)
+        try:
+            for server in servers.values():
+                server.launch()
+            for server in servers.values():
+                server.wait_ready()
+            yield servers
+        finally:
+            for server in servers.values():
+                server.stop()
 
 
 def _body(server: VLLMServer, prompt: Sequence[int], max_tokens: int) -> dict[str, Any]:

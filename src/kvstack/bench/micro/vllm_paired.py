@@ -22,7 +22,6 @@ rounds (with fewer there is none, and no overhead claim can be made); 40 rounds 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -83,8 +82,7 @@ def _paired(
 ) -> dict[str, Any]:
     names = list(arms)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    with contextlib.ExitStack() as stack:
-        servers = {n: stack.enter_context(engines.engine(n, arms[n])) for n in names}
+    with engines.engines(arms) as servers:
         for server in servers.values():
             stream_ttft(server, [11] * 64)  # warm-up
         for r in range(rounds):
