@@ -103,8 +103,11 @@ async def one_request(stub: Any, body: bytes, group: int, result: ExtProcLoad) -
             if option.header.key == "x-gateway-destination-endpoint":
                 result.endpoints.append((group, option.header.raw_value.decode()))
         await call.done_writing()
-    except grpc.aio.AioRpcError as exc:
-        result.error_kinds[f"grpc:{exc.code().name}"] += 1
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+        # Classified by the call's final status, not by the write or read that failed: a
+        # server that ends a call early (RESOURCE_EXHAUSTED when it sheds) makes the client's
+        # next write raise INTERNAL or InvalidStateError, which would hide why it ended.
+        result.error_kinds[f"grpc:{(await call.code()).name}"] += 1
     finally:
         call.cancel()
 
