@@ -96,3 +96,29 @@ def test_the_overhead_scenario_rotates_its_arms_and_saves_an_interval(
     assert ci["low"] == ci["high"] == pytest.approx(1.02) and ci["k"] == 1
     assert res["args"]["reps"] == vllm.PAIRED_ROUNDS_QUICK
     assert "≤ 5%: met" in render(tmp_path / "results")
+
+
+def test_the_preemption_engines_have_a_model_length_their_blocks_can_hold(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # vLLM refuses to start an engine whose blocks cannot hold one request of max_model_len
+    # (the scenario's default 16,384 against 48 blocks of 128 tokens did exactly that).
+    from kvstack.bench.micro import vllm_harness, vllm_turns
+    from kvstack.bench.micro.vllm_probe import PromptFactory
+
+    lengths: list[int] = []
+
+    @contextlib.contextmanager
+    def engine(self: vllm_harness.Engines, name: str, kv: Any, **_: Any) -> Iterator[str]:
+        lengths.append(self.max_model_len)
+        yield name
+
+    monkeypatch.setattr(vllm_harness.Engines, "engine", engine)
+    monkeypatch.setattr(vllm_turns, "_preempt_round", lambda e, batch: dict.fromkeys(
+        ("recomputed_tokens", "recovered_tokens", "preemptions", "wall_s"), 1.0))  # fmt: skip
+    engines = vllm_harness.Engines(tmp_path / "model", tmp_path, max_model_len=16384)
+    out = vllm_turns.preemption(engines, PromptFactory(seed=0), blocks=48, reps=1)
+    assert lengths == [3000] * 3  # 1,000 prompt + 2,000 generated tokens, not 16,384
+    assert out["plain_vllm"]["preemptions"]["median"] == 1.0
+    with pytest.raises(ValueError, match="--preempt-blocks 20 holds 2,560 tokens"):
+        vllm_turns.preemption(engines, PromptFactory(seed=0), blocks=20, reps=1)

@@ -18,6 +18,7 @@ tokens, tokens recovered from the tiers, preemptions, wall time.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import time
 from typing import Any
 
@@ -34,6 +35,8 @@ from kvstack.stack.vllm_server import VLLMServer, connector_config
 __all__ = ["multi_turn", "preemption"]
 
 HITS = "kvstack_connector_hit_tokens_total"
+CPU_BLOCK_TOKENS = 128  # vLLM's block size on its CPU build
+PREEMPT_OUTPUT_TOKENS = 2000
 
 
 def multi_turn(
@@ -78,6 +81,14 @@ def preemption(
     engines: Engines, prompts: PromptFactory, blocks: int, reps: int, prompt_tokens: int = 1000
 ) -> dict[str, Any]:
     # Four requests of 1000 + 2000 tokens: 24 blocks of 128 each, three would need 72.
+    longest = prompt_tokens + PREEMPT_OUTPUT_TOKENS
+    if blocks * CPU_BLOCK_TOKENS < longest:
+        raise ValueError(
+            f"--preempt-blocks {blocks} holds {blocks * CPU_BLOCK_TOKENS:,} tokens; one request "
+            f"needs {longest:,} ({prompt_tokens:,} prompt + {PREEMPT_OUTPUT_TOKENS:,} generated)"
+        )
+    # vLLM refuses to start when one request of max_model_len would not fit the blocks.
+    engines = dataclasses.replace(engines, max_model_len=longest)
     batch = [prompts(prompt_tokens) for _ in range(4)]
     extra = ["--num-gpu-blocks-override", str(blocks), "--max-num-seqs", "4"]
     tiers = ["cpu://?size=1GiB"]
@@ -111,7 +122,7 @@ def _preempt_round(engine: VLLMServer, batch: list[list[int]]) -> dict[str, floa
     before = {k: metric_value(engine, name) for k, name in _COUNTERS.items()}
     start = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-        list(pool.map(lambda p: completion(engine, p, 2000), batch))
+        list(pool.map(lambda p: completion(engine, p, PREEMPT_OUTPUT_TOKENS), batch))
     wall = time.perf_counter() - start
     time.sleep(1.5)
     out = {k: metric_value(engine, name) - before[k] for k, name in _COUNTERS.items()}
