@@ -281,6 +281,9 @@ def run(argv: list[str]) -> int:
     return 0
 
 
+TOKEN_COUNTING_SCENARIOS = ("preemption", "multi-turn")
+
+
 def _default_reps(args: argparse.Namespace) -> int:
     if args.scenario in ("overhead", "pipelining"):
         return PAIRED_ROUNDS_QUICK if args.quick else PAIRED_ROUNDS
@@ -289,8 +292,9 @@ def _default_reps(args: argparse.Namespace) -> int:
 
 def _scenario(args: argparse.Namespace, argv: list[str], started: float) -> int:
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="kvstack-bench-vllm-"))
-    # Preemption counts tokens, not seconds: the tiny model shows it in minutes.
-    small = not args.quick and args.scenario != "preemption"
+    # Preemption and multi-turn count tokens (recomputed; served from the tiers), not seconds:
+    # the tiny model shows them in minutes, at the full prompt sizes.
+    small = not args.quick and args.scenario not in TOKEN_COUNTING_SCENARIOS
     model = build_toy_model(spec=SMALL if small else TINY)
     print(f"kvstack bench vllm --scenario {args.scenario}: model {model.name}, work dir {work}")
     run_scenario(args, argv, model, work, started)

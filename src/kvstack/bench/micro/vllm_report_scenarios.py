@@ -13,6 +13,7 @@ from typing import Any
 
 from kvstack.bench.report import num, stale_line, table, target
 from kvstack.bench.results import Result, load
+from kvstack.models.toy import SMALL, TINY
 
 __all__ = [
     "BAR_OVERHEAD_PCT",
@@ -27,6 +28,9 @@ __all__ = [
 ]
 
 BAR_OVERHEAD_PCT = 5.0  # the connector may cost at most 5% TTFT on prompts it cannot help
+BAR_ASYNC_ITL_P99 = 1.25  # decodes' ITL p99 during async loads: at most 1.25x without loads
+BAR_ASYNC_TTFT = 1.10  # the loading request's TTFT with async loads: at most 1.10x sync's
+BAR_TURN_TWO_SHARE = 0.90  # turn two on another instance: at least 90% from the tiers
 
 
 def newest_scenario(results: Path, scenario: str) -> Result | None:
@@ -136,6 +140,21 @@ def _pipelining(res: dict[str, Any]) -> tuple[str, str]:
     return intro, table(("arm", "hit TTFT median (min–max)"), rows, "lr")
 
 
+def _async_targets(res: dict[str, Any], arm: str) -> str:
+    """The async arm's bars: decodes' ITL p99 ratio, and its TTFT against the sync arm's."""
+    if not arm.endswith("/async"):
+        return ""
+    a, sync = res[arm], res.get(arm.replace("/async", "/sync"))
+    cells = [target(a["p99_ratio"]["median"] <= BAR_ASYNC_ITL_P99,
+                    f"ITL p99 ≤ {BAR_ASYNC_ITL_P99:g}× before")]  # fmt: skip
+    if sync is not None:
+        ratio = a["ttft_s"]["median"] / sync["ttft_s"]["median"]
+        cells.append(
+            target(ratio <= BAR_ASYNC_TTFT, f"TTFT {times(ratio)} sync's, ≤ {BAR_ASYNC_TTFT:g}×")
+        )
+    return "; ".join(cells)
+
+
 def _interference(res: dict[str, Any]) -> tuple[str, str]:
     rows = []
     for arm in ("recompute", "file/sync", "file/async", "redis/sync", "redis/async"):
@@ -147,6 +166,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
             f"{num(a['quiet_p50_ms']['median'])} / {num(a['quiet_p99_ms']['median'])}",
             f"{num(a['loading_p50_ms']['median'])} / {num(a['loading_p99_ms']['median'])}",
             _spread(a["p99_ratio"], times), str(len(a.get("errors", []))),
+            _async_targets(res, arm),
         ))  # fmt: skip
     intro = (
         f"Four streamed decodes; one request at a time loads a {res['prefix_tokens']:,}-token "
@@ -154,29 +174,36 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
         f"{res['rounds']} rounds per arm; `recompute` is plain vLLM computing the prefix:"
     )
     headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
-               "during the load", "p99 during / before (min–max)", "stream errors")  # fmt: skip
-    return intro, table(headers, rows, "lrrrrr")
+               "during the load", "p99 during / before (min–max)", "stream errors",
+               "target")  # fmt: skip
+    return intro, table(headers, rows, "lrrrrrl")
 
 
 def _multi_turn(res: dict[str, Any]) -> tuple[str, str]:
-    rows = [("cold prompt of turn two's length", _spread(res["cold_ttft_s"], seconds), "")]
+    rows = [("cold prompt of turn two's length", _spread(res["cold_ttft_s"], seconds), "", "")]
     for key, label in (
         ("save_generated", "turn two, A saved its generated tokens (default)"),
         ("prompt_only", "turn two, `save_generated: false`"),
     ):
         if key in res:
             share = res[key]["share_from_tiers"]
+            bar = (
+                target(share["median"] >= BAR_TURN_TWO_SHARE, f"≥ {BAR_TURN_TWO_SHARE:.0%}")
+                if key == "save_generated" else ""
+            )  # fmt: skip
             rows.append((
                 label, _spread(res[key]["ttft_s"], seconds),
-                _spread(share, lambda x: f"{x * 100:.1f}%"),
+                _spread(share, lambda x: f"{x * 100:.1f}%"), bar,
             ))  # fmt: skip
     intro = (
         f"Engine A answers turn one ({res['turn_one_tokens']:,} prompt tokens, "
         f"{res['answer_tokens']:,} generated); engine B, sharing A's file tier, serves turn two "
         f"(turn one, the answer, {res['question_tokens']} new tokens); {res['reps']} "
-        "conversations per arm:"
+        "conversations per arm. Only whole 256-token chunks are stored, so the share's ceiling is "
+        "the history's whole chunks over turn two's length:"
     )
-    return intro, table(("turn two on B", "TTFT (min–max)", "tokens from the tiers"), rows, "lrr")
+    headers = ("turn two on B", "TTFT (min–max)", "tokens from the tiers", "target")
+    return intro, table(headers, rows, "lrrl")
 
 
 def _preemption(res: dict[str, Any]) -> tuple[str, str]:
@@ -207,6 +234,15 @@ _SCENARIOS: dict[str, tuple[str, Callable[[dict[str, Any]], tuple[str, str]]]] =
 }
 
 
+def _model(res: dict[str, Any]) -> str:
+    name = str(res.get("args", {}).get("model", ""))
+    if name.startswith(SMALL.name):
+        return "the ~150M-parameter toy Llama"
+    if name.startswith(TINY.name):
+        return "the tiny toy Llama: its times are not a real model's"
+    return f"model `{name}`" if name else "model not recorded"
+
+
 def render_scenarios(results: Path) -> str:
     """Every ``--scenario`` with a committed result: its setup, table and run."""
     out: list[str] = []
@@ -215,6 +251,7 @@ def render_scenarios(results: Path) -> str:
         if r is None:
             continue
         intro, body = fn(r.result)
+        intro = f"{intro[:-1]} ({_model(r.result)}):" if intro.endswith(":") else intro
         out += [f"**{title}** (`--scenario {scenario}`). {intro}", "", body, "", run_line(r), ""]
     if not out:
         return "_No committed result of `kvstack bench vllm --scenario …` yet._"
