@@ -124,10 +124,10 @@ def test_a_slow_cross_instance_hit_is_missed_and_a_shorter_prompt_is_said(tmp_pa
 
 def test_a_busy_machine_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _save(tmp_path, "vllm-2026-12-01.json", _ttft(), [])
-    assert "Other work shared the machine" not in render(tmp_path)
+    assert "1-minute load average" not in render(tmp_path)
     monkeypatch.setattr(results, "machine_facts", lambda: {"cores": 2, "load_average": 6.5})
     _save(tmp_path / "busy", "vllm-2026-12-01.json", _ttft(), [])
-    assert "the 1-minute load average was 6.5 on 2 cores" in render(tmp_path / "busy")
+    assert "The 1-minute load average was 6.5 on 2 cores" in render(tmp_path / "busy")
 
 
 def test_scenarios_render_whichever_have_results(tmp_path: Path) -> None:

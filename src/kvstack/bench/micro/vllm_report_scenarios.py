@@ -51,9 +51,9 @@ def run_line(r: Result) -> str:
     load, cores = m.get("load_average"), m.get("cores")
     if load is not None and cores and load > cores:
         text += (
-            f" Other work shared the machine: the 1-minute load average was {load:g} on "
-            f"{cores} cores when the run ended, so absolute times are longer than on an idle "
-            "machine."
+            f" The 1-minute load average was {load:g} on {cores} cores when the run ended (the "
+            "run's own engines count in it, as does any other work), so absolute times may be "
+            "longer than with one engine on an idle machine."
         )
     return text
 
