@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ __all__ = [
     "Answer",
     "acomplete",
     "agenerate",
+    "booting",
     "chunk_files",
     "complete",
     "first_disagreement",
@@ -42,6 +45,16 @@ def launch_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMSer
 
 def start_engine(model: Path, log_dir: Path, name: str, **spec: Any) -> VLLMServer:
     return launch_engine(model, log_dir, name, **spec).wait_ready()
+
+
+@contextlib.contextmanager
+def booting(servers: dict[str, VLLMServer]) -> Iterator[dict[str, VLLMServer]]:
+    """Launched engines, each awaited by whoever needs it first; all stopped afterwards."""
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 def _body(prompt: list[int], model: str, max_tokens: int, extra: dict[str, Any]) -> dict[str, Any]:

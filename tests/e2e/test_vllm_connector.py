@@ -19,7 +19,7 @@ import pytest
 from kvstack.integrations.plan import block_aligned_hit
 from kvstack.models.toy import build_toy_lora
 from kvstack.stack.vllm_server import VLLMServer, connector_config
-from tests.e2e.engines import complete, launch_engine, metric_total, wait_metric
+from tests.e2e.engines import booting, complete, launch_engine, metric_total, wait_metric
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -66,7 +66,7 @@ def tiers_a(workdir: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def booting(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[dict[str, VLLMServer]]:
+def engines(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[dict[str, VLLMServer]]:
     """The module's three long-lived engines boot together; each fixture waits for its own.
     Engine B reads the shared directory at request time, so booting it early changes nothing."""
     b_tiers = [f"file://{workdir / 'shared-kv'}?size=2GiB"]
@@ -75,21 +75,18 @@ def booting(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[dict[s
         "engine-a": engine(toy_model, workdir, "engine-a", tiers_a(workdir), loras),
         "engine-b": engine(toy_model, workdir, "engine-b", b_tiers, loras),
     }
-    try:
+    with booting(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.fixture(scope="module")
-def reference(booting: dict[str, VLLMServer]) -> VLLMServer:
-    return booting["reference"].wait_ready()
+def reference(engines: dict[str, VLLMServer]) -> VLLMServer:
+    return engines["reference"].wait_ready()
 
 
 @pytest.fixture(scope="module")
-def engine_a(booting: dict[str, VLLMServer]) -> VLLMServer:
-    return booting["engine-a"].wait_ready()
+def engine_a(engines: dict[str, VLLMServer]) -> VLLMServer:
+    return engines["engine-a"].wait_ready()
 
 
 def test_loaded_kv_gives_the_tokens_recomputation_gives(
@@ -153,9 +150,9 @@ SHARED = prompt(3000, seed=1234)
 
 
 @pytest.fixture(scope="module")
-def engine_b(booting: dict[str, VLLMServer]) -> VLLMServer:
+def engine_b(engines: dict[str, VLLMServer]) -> VLLMServer:
     """Another process sharing only the disk directory."""
-    return booting["engine-b"].wait_ready()
+    return engines["engine-b"].wait_ready()
 
 
 def test_another_instance_loads_what_the_first_stored(

@@ -26,6 +26,7 @@ from kvstack.kv.tiers import make_tier
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 from tests.e2e.engines import (
     Answer,
+    booting,
     chunk_files,
     complete,
     generate,
@@ -74,7 +75,7 @@ def hybrid_model(toy_model: Path, workdir: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def booting(toy_model: Path, workdir: Path) -> Iterator[dict[str, VLLMServer]]:
+def engines(toy_model: Path, workdir: Path) -> Iterator[dict[str, VLLMServer]]:
     """The module's engines boot together; each fixture waits for its own. Engine B reads the
     shared directory at request time, so booting it early changes nothing."""
     tiers = [f"file://{workdir / 'hybrid-kv'}?size=1GiB"]
@@ -86,16 +87,13 @@ def booting(toy_model: Path, workdir: Path) -> Iterator[dict[str, VLLMServer]]:
             kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
         ),
     }  # fmt: skip
-    try:
+    with booting(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
 
 
 @pytest.fixture(scope="module")
-def engine_a(booting: dict[str, VLLMServer]) -> VLLMServer:
-    return booting["engine-a"].wait_ready()
+def engine_a(engines: dict[str, VLLMServer]) -> VLLMServer:
+    return engines["engine-a"].wait_ready()
 
 
 def stored(paths: list[Path], timeout_s: float = 30.0) -> list[Path]:
@@ -171,8 +169,8 @@ def test_a_load_failing_mid_transfer_is_recomputed_from_that_block(
 
 
 @pytest.fixture(scope="module")
-def engine_b(booting: dict[str, VLLMServer]) -> VLLMServer:
-    return booting["engine-b"].wait_ready()
+def engine_b(engines: dict[str, VLLMServer]) -> VLLMServer:
+    return engines["engine-b"].wait_ready()
 
 
 def test_another_instance_serves_the_answer_of_a_first_turn(
@@ -192,8 +190,8 @@ def test_another_instance_serves_the_answer_of_a_first_turn(
 
 
 @pytest.fixture(scope="module")
-def hybrid_engine(booting: dict[str, VLLMServer]) -> VLLMServer:
-    return booting["hybrid"].wait_ready()
+def hybrid_engine(engines: dict[str, VLLMServer]) -> VLLMServer:
+    return engines["hybrid"].wait_ready()
 
 
 def test_a_hybrid_model_starts_and_is_served_without_hits(
