@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from kvstack.integrations.plan import block_aligned_hit
-from kvstack.stack.procs import ManagedProcess
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
 from tests.conftest import free_port
 from tests.e2e.engines import complete, metric_total, wait_metric
@@ -66,9 +65,9 @@ def engines(
     decode = _engine(toy_model, workdir, "decode", "kv_consumer", url)
     try:
         for server in (prefill, decode):  # both boot at once; then wait for both
-            ManagedProcess.start(server)
+            server.launch()
         for server in (prefill, decode):
-            server.wait_healthy(f"{server.url}/health", server.start_timeout_s)
+            server.wait_ready()
         yield prefill, decode
     finally:
         decode.stop()
