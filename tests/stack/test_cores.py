@@ -123,3 +123,17 @@ def test_up_warns_when_engines_outnumber_cores(capsys: pytest.CaptureFixture[str
     stack = Stack(config(cores={"bind": "on", "cpus": CPUS_2}, engines=[vllm_engine("a", 3)]))
     stack._announce_cores()
     assert "WARNING: 3 vLLM CPU engines but only 2 core(s)" in capsys.readouterr().err
+
+
+def test_with_no_core_reserved_the_connectors_threads_may_use_every_core(tmp_path: Path) -> None:
+    """Two engines on two cores: pinned to the cores its worker is not bound to (the default),
+    each engine's connector threads would all sit on the other engine's compute core."""
+    cfg = config(
+        cores={"bind": "on", "cpus": CPUS_2},
+        engines=[vllm_engine("a", 2, connector={"tiers": ["cpu://"]}), vllm_engine("plain")],
+    )
+    parts = {c.name: c for c in plan_stack(cfg, tmp_path)}
+    assert [parts[n].env["VLLM_CPU_OMP_THREADS_BIND"] for n in ("a-0", "a-1")] == ["0", "1"]
+    assert parts["a-0"].env["KVSTACK_BACKGROUND_CPUS"] == "0-1"
+    assert parts["a-1"].env["KVSTACK_BACKGROUND_CPUS"] == "0-1"
+    assert "KVSTACK_BACKGROUND_CPUS" not in parts["plain"].env

@@ -7,7 +7,8 @@ time slices from the model on the same core (vLLM's NIXL connector avoids this b
 transfer thread to a reserved core). The worker calls :func:`reserve_background_cpus` once,
 on the CPU build; threads started inside :func:`starting_background_threads`, and pool threads
 that run :func:`enter_background` first, then run on the cores the worker is not bound to, or
-on those ``KVSTACK_BACKGROUND_CPUS`` lists (``kvstack up`` sets it to its reserved cores).
+on those ``KVSTACK_BACKGROUND_CPUS`` lists (``kvstack up`` sets it to its reserved cores, or
+to all of its cores when none is reserved).
 Elsewhere (GPU engines, tests, tools) nothing changes: there are no background cores.
 """
 
