@@ -162,6 +162,23 @@ def test_another_instance_loads_what_the_first_stored(
     assert wait_metric(engine_b, HITS, 2816) == 2816  # 11 chunks of 256 tokens
 
 
+def test_auto_loads_a_small_disk_hit_within_the_step(
+    reference: VLLMServer, engine_b: VLLMServer, workdir: Path
+) -> None:
+    """load_mode=auto: a disk load of a few chunks goes into the step (measured there, or as
+    the probe that measures it), and computes what vLLM computes."""
+    tokens = prompt(4 * CHUNK + 40, seed=4242)
+    want = complete(reference, tokens)
+    before = set((workdir / "shared-kv").rglob("*.kvc"))
+    assert complete(engine_b, tokens) == want  # computes and stores 4 chunks
+    wait_for_files(workdir / "shared-kv", before, 4)
+    chosen = metric_total(engine_b, "kvstack_connector_cost_sync_loads_total")
+    assert complete(engine_b, tokens) == want  # no prefix caching of its own: kvstack loads
+    assert (
+        wait_metric(engine_b, "kvstack_connector_cost_sync_loads_total", chosen + 1) >= chosen + 1
+    )
+
+
 def test_a_corrupt_chunk_is_recomputed_not_loaded(
     reference: VLLMServer, engine_b: VLLMServer, workdir: Path
 ) -> None:

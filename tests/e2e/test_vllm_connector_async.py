@@ -59,7 +59,8 @@ def file_engine(model: Path, workdir: Path, name: str) -> VLLMServer:
     tiers = [f"file://{workdir / 'kv'}?size=2GiB"]
     return launch_engine(
         model, workdir, name, max_model_len=4096,
-        kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
+        # async, not auto: auto would move these cheap local loads into the step once measured
+        kv_transfer_config=connector_config(tiers, chunk_size=CHUNK, load_mode="async"),
         env={"VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
 

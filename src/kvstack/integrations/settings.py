@@ -63,9 +63,11 @@ class ConnectorSettings(Section):
     )
     load_mode: Literal["auto", "async", "sync"] = Field(
         default="auto",
-        description="auto: a request whose chunks are not all in the cpu:// tier loads "
-        "asynchronously (it waits while the other requests keep stepping), one served from "
-        "memory loads within its step; async / sync: always",
+        description="auto: a load served from the cpu:// tier runs within its step; one from "
+        "a slower tier runs within the step when this engine's measured cost of it (seconds "
+        "per chunk x chunks x requests stepping) is at most a typical step's, else "
+        "asynchronously (the request waits while the others keep stepping); async / sync: "
+        "always",
     )
     load_timeout_s: float = Field(
         default=30.0,

@@ -80,7 +80,7 @@ def test_a_load_from_a_slow_tier_is_asynchronous_and_starts_next_step(
 ) -> None:
     answers, engine = store
     answers.stored, answers.in_memory = 3, 1  # chunks 1 and 2 are only on disk
-    s = side(engine)
+    s = side(engine, load_mode="async")  # auto would measure this small load within the step
     r = request("a", list(range(30)))
     s.on_new_request(r)
     assert s.num_new_matched_tokens(r, 0) == (24, True)
@@ -109,7 +109,7 @@ def test_a_load_served_from_memory_stays_in_the_step(store: tuple[Store, str]) -
 def test_an_abort_before_the_load_starts_sends_an_empty_load(store: tuple[Store, str]) -> None:
     answers, engine = store
     answers.stored = 2
-    s = side(engine)
+    s = side(engine, load_mode="async")
     r = request("c", list(range(20)))
     s.on_new_request(r)
     assert s.num_new_matched_tokens(r, 0)[1] is True
@@ -178,3 +178,73 @@ def test_a_preempted_request_resumes_from_its_saved_chunks(store: tuple[Store, s
     assert stats.data["preemption_recovered_tokens"] == 16
     assert stats.data["recomputed_tokens"] == 5  # positions 16..20 are computed again
     s.close()
+
+
+def _timed_steps(s: SchedulerSide, seconds: float, count: int = 4) -> None:
+    """``count`` steps of one running request, each reported ``seconds`` after scheduled."""
+    for _ in range(count):
+        s.build_meta(output(scheduled={"running": 1}))
+        s.cost._started[s.step] -= seconds  # as if scheduled that long ago
+        s.on_worker_output(SimpleNamespace(
+            kv_connector_worker_meta=KVStackWorkerMeta(s.step, s.step), finished_sending=None,
+            invalid_block_ids=set(),
+        ))  # fmt: skip
+
+
+def _measured_load(
+    s: SchedulerSide, answers: Store, req_id: str, seconds: float, within: bool
+) -> None:
+    """A slow-tier load of 2 chunks that the worker reports having taken ``seconds``."""
+    answers.stored, answers.in_memory = 2, 0
+    r = request(req_id, list(range(20)))
+    s.on_new_request(r)
+    s.num_new_matched_tokens(r, 0)
+    sample = (req_id, 2, seconds, within)
+    s.on_worker_output(SimpleNamespace(
+        kv_connector_worker_meta=KVStackWorkerMeta(s.step, s.step, [sample]),
+        finished_sending=None, invalid_block_ids=set(),
+    ))  # fmt: skip
+    s.request_finished(r)
+
+
+def test_auto_loads_a_slow_tier_within_the_step_once_measured_cheaper_there(
+    store: tuple[Store, str],
+) -> None:
+    answers, engine = store
+    s = side(engine)
+    _timed_steps(s, 0.015)
+    _measured_load(s, answers, "first", 0.006, within=True)  # 3 ms a chunk in the step
+    _measured_load(s, answers, "second", 2.0, within=False)  # 1 s a chunk off it
+    r = request("next", list(range(20)))
+    s.on_new_request(r)
+    assert s.num_new_matched_tokens(r, 0) == (16, False)
+    assert s.take_stats().data["cost_sync_loads"] >= 1  # type: ignore[union-attr]
+    forced = side(engine, load_mode="async")
+    _timed_steps(forced, 0.015)
+    _measured_load(forced, answers, "first", 0.006, within=True)
+    forced.on_new_request(r)
+    assert forced.num_new_matched_tokens(r, 0) == (16, True)  # async: always
+    s.close()
+    forced.close()
+
+
+def test_auto_keeps_a_load_off_the_step_when_it_would_stall_the_batch(
+    store: tuple[Store, str],
+) -> None:
+    answers, engine = store
+    s = side(engine)
+    _timed_steps(s, 0.020)
+    _measured_load(s, answers, "first", 0.200, within=True)  # 100 ms a chunk in the step
+    _measured_load(s, answers, "second", 0.020, within=False)  # 10 ms off it
+    r = request("next", list(range(20)))
+    s.on_new_request(r)
+    assert s.num_new_matched_tokens(r, 0) == (16, True)
+    s.close()
+
+
+def test_worker_reports_of_every_rank_keep_the_slowest_load() -> None:
+    a = KVStackWorkerMeta(5, 7, [("r", 2, 0.010, True), ("q", 1, 0.002, True)])
+    b = KVStackWorkerMeta(4, 7, [("r", 2, 0.030, True)])
+    merged = a.aggregate(b)
+    assert merged.copied_through_step == 4 and merged.step == 7
+    assert sorted(merged.load_samples) == [("q", 1, 0.002, True), ("r", 2, 0.030, True)]

@@ -8,8 +8,9 @@ own engine, the same prefixes and decodes:
 
 - ``recompute``: plain vLLM computes the prefix;
 - ``<tier>/sync``: the connector with ``load_mode=sync`` (the load inside the engine step);
-- ``<tier>/async``: the connector as configured by default (``load_mode=auto``: asynchronous
-  for a slow tier; the request waits, the batch does not);
+- ``<tier>/async``: the connector with ``load_mode=async`` (the request waits, the batch does
+  not; the default ``auto`` picks one of the two by measured cost,
+  :mod:`kvstack.integrations.vllm.load_cost`);
 - ``no loads``: on every engine, the same decodes in the seconds just before each load.
 
 Per round (one load): the loader's TTFT, and the decodes' inter-token gaps while it was in
@@ -67,9 +68,9 @@ def interference(
         with engines.engine("recompute", None) as e:
             results["recompute"] = run(e, lambda: None)
         for tier, url in tiers.items():
-            for mode in ("sync", "auto"):
+            for mode in ("sync", "async"):
                 config = connector_config([url], chunk_size=256, load_mode=mode)
-                label = f"{tier}/{'async' if mode == 'auto' else 'sync'}"
+                label = f"{tier}/{mode}"
                 before: Callable[[], object] = (
                     (lambda: drop_page_cache(kv_dir)) if tier == "file" else (lambda: None)
                 )

@@ -48,6 +48,8 @@ class FinishedLoads:
     failed_chunks: int = 0
     timeouts: int = 0
     seconds: list[float] = field(default_factory=list)  # start to finish, per job
+    # (request id, chunks written, seconds the fetch and write took): no wait for the step
+    samples: list[tuple[str, int, float, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class _Job:
     lock: threading.Lock = field(default_factory=threading.Lock)
     written: int = 0  # leading chunks written whole into the paged blocks
     fetched_all: bool = False  # the thread is done with the job (success or not)
+    fetch_seconds: float = 0.0  # start to the thread being done with it
     abandoned: bool = False  # reported (finished or timed out): nothing more may be written
 
 
@@ -114,6 +117,7 @@ class AsyncLoader:
         finally:
             with job.lock:
                 job.fetched_all = True
+                job.fetch_seconds = time.monotonic() - job.started
 
     def _fetch_and_write(self, job: _Job) -> None:
         chunks = job.request.chunks
@@ -157,6 +161,8 @@ class AsyncLoader:
                 timed_out = not job.fetched_all
                 job.abandoned = True
                 written = job.written
+                if not timed_out and written:
+                    out.samples.append((job.request.req_id, written, job.fetch_seconds, False))
             self._report(job, written, timed_out, now, out)
         with self._jobs_lock:
             for req_id in out.req_ids:

@@ -31,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvstack.integrations.plan import RequestIO, RequestTracker, block_aligned_hit
 from kvstack.integrations.settings import ConnectorSettings
+from kvstack.integrations.vllm.load_cost import LoadCost
 from kvstack.integrations.vllm.lookup import LookupClient, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.stats import KVStackStats
 from kvstack.kv.config import KVConfig
@@ -60,10 +61,20 @@ class KVStackMetadata(KVConnectorMetadata):
 @dataclass
 class KVStackWorkerMeta(KVConnectorWorkerMetadata):
     copied_through_step: int  # every copy-out of this step and earlier ones is over
+    step: int = 0  # the step this report ends
+    # (request id, chunks, seconds, within the step) of loads that finished fetching and writing
+    load_samples: list[tuple[str, int, float, bool]] = field(default_factory=list)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVStackWorkerMeta:
+        """Every rank's report in one: the oldest copy-out, the slowest rank's load."""
         theirs = getattr(other, "copied_through_step", self.copied_through_step)
-        return KVStackWorkerMeta(min(self.copied_through_step, theirs))
+        slowest: dict[str, tuple[str, int, float, bool]] = {}
+        for sample in [*self.load_samples, *getattr(other, "load_samples", [])]:
+            if sample[0] not in slowest or sample[2] > slowest[sample[0]][2]:
+                slowest[sample[0]] = sample
+        samples = list(slowest.values())
+        step = max(self.step, getattr(other, "step", self.step))
+        return KVStackWorkerMeta(min(self.copied_through_step, theirs), step, samples)
 
 
 def namespace_digest(kv: KVConfig, rank: int, adapter: str, salt: str) -> bytes:
@@ -119,6 +130,9 @@ class SchedulerSide:
         self.copied_through = 0
         self.stats = KVStackStats()
         self._reported_tracked = -1
+        self.cost = LoadCost()  # load_mode=auto's measurements
+        self.slow_loads: set[str] = set()  # requests loading from slower tiers, to be timed
+        self.stepping = 0  # requests in the latest step with work
 
     # -- request lifecycle -----------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
@@ -138,6 +152,7 @@ class SchedulerSide:
         self.trackers.pop(req_id, None)
         self.lookups.pop(req_id, None)
         self.planned.pop(req_id, None)
+        self.slow_loads.discard(req_id)
         if req_id in self.starting:  # aborted before its load started: start nothing
             self.starting[req_id] = RequestIO(req_id, [])
         last_save = self.last_save_step.pop(req_id, 0)
@@ -165,16 +180,27 @@ class SchedulerSide:
             self.stats.add("hit_tokens", external)
         if external == 0:
             return 0, False
-        asynchronous = self._asynchronous(lookup.answer, hit)
+        asynchronous = self._asynchronous(request.request_id, lookup.answer, hit, num_computed)
         self.planned[request.request_id] = _PlannedLoad(num_computed, asynchronous)
         return external, asynchronous
 
-    def _asynchronous(self, answer: PrefixAnswer, hit_tokens: int) -> bool:
+    def _asynchronous(
+        self, req_id: str, answer: PrefixAnswer, hit_tokens: int, num_computed: int
+    ) -> bool:
+        needed = -(-hit_tokens // self.kv.chunk_size)
+        slow = answer.in_memory < needed
+        if slow:
+            self.slow_loads.add(req_id)  # its load's timing feeds the cost model
         mode = self.settings.load_mode
         if mode != "auto":
             return mode == "async"
-        needed = -(-hit_tokens // self.kv.chunk_size)
-        return answer.in_memory < needed
+        if not slow:
+            return False
+        loading = needed - num_computed // self.kv.chunk_size
+        if self.cost.within_step(loading, self.stepping):
+            self.stats.add("cost_sync_loads", 1)
+            return False
+        return True
 
     def _lookup(self, tracker: RequestTracker) -> _Lookup:
         now = time.monotonic()
@@ -182,7 +208,9 @@ class SchedulerSide:
         cached = self.lookups.get(tracker.req_id)
         if cached is None or cached.num_keys != len(keys[0]) or now - cached.at > LOOKUP_REUSE_S:
             counted = cached is not None and cached.counted and cached.num_keys == len(keys[0])
+            start = time.perf_counter()
             cached = _Lookup(len(keys[0]), self.client.prefix(keys), now, counted)
+            self.stats.observe("lookup_seconds", time.perf_counter() - start)
             self.lookups[tracker.req_id] = cached
         return cached
 
@@ -209,6 +237,11 @@ class SchedulerSide:
     # -- per-step metadata -----------------------------------------------------------------
     def build_meta(self, out: SchedulerOutput) -> KVStackMetadata:
         self.step += 1
+        if out.num_scheduled_tokens:
+            self.stepping = len(out.num_scheduled_tokens)
+            self.cost.step_scheduled(self.step, time.monotonic())
+        else:
+            self.stepping = 0
         meta = KVStackMetadata(self.step, preempted=set(out.preempted_req_ids or ()))
         meta.async_loads, self.starting = list(self.starting.values()), {}
         meta.held, self.new_held = self.new_held, []
@@ -264,9 +297,14 @@ class SchedulerSide:
     # -- worker reports --------------------------------------------------------------------
     def on_worker_output(self, output: KVConnectorOutput) -> None:
         worker = output.kv_connector_worker_meta
+        now = time.monotonic()
         if isinstance(worker, KVStackWorkerMeta):
             self.copied_through = max(self.copied_through, worker.copied_through_step)
-        now = time.monotonic()
+            self.cost.step_reported(worker.step, now)
+            for req_id, num_chunks, seconds, within_step in worker.load_samples:
+                if req_id in self.slow_loads:
+                    self.slow_loads.discard(req_id)
+                    self.cost.observe_load(num_chunks, seconds, within_step)
         for req_id in output.finished_sending or ():
             since = self.hold_since.pop(req_id, None)
             if since is not None:

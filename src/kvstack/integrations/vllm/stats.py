@@ -28,7 +28,9 @@ COUNTERS: dict[str, str] = {
     "load_bytes": "Bytes loaded into the engine's KV cache",
     "load_failed_chunks": "Chunks that failed to load (recomputed instead)",
     "async_loads": "Loads that ran off the step while the request waited (slow tiers)",
-    "sync_loads": "Loads done within the step (every chunk in the in-memory tier)",
+    "sync_loads": "Loads done within the step (in-memory chunks, or a load cheaper there)",
+    "cost_sync_loads": "Loads from slower tiers done within the step because load_mode=auto "
+    "measured them cheaper there than off it",
     "load_timeouts": "Asynchronous loads abandoned at load_timeout_s (recomputed instead)",
     "save_chunks": "Chunks copied out of the engine into kvstack",
     "save_bytes": "Bytes copied out of the engine into kvstack",
@@ -43,6 +45,8 @@ COUNTERS: dict[str, str] = {
 }
 HISTOGRAMS: dict[str, str] = {
     "load_seconds": "Time the engine step waited for kvstack loads",
+    "lookup_seconds": "Time the scheduler waited for a worker's prefix lookup (it schedules "
+    "nothing meanwhile)",
     "async_load_seconds": "Start to finish of asynchronous loads (off the step)",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
     "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",

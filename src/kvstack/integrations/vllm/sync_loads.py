@@ -1,7 +1,8 @@
 """Synchronous loads: chunks the step's forward pass needs, written before their layer runs.
 
 ``start`` fetches every planned chunk from the tiers into staging buffers (these loads come
-from the in-memory tier: slower ones are asynchronous, :mod:`.loads`). Without pipelining it
+from the in-memory tier, or from a slower one where :mod:`.load_cost` found the step the cheaper
+place; the others are asynchronous, :mod:`.loads`). Without pipelining it
 then writes every layer's blocks at once. With pipelining it hands one write per layer to the
 copy stream and returns, so that the write of layer ``i + 1`` overlaps the computation of layer
 ``i``; ``wait_for_layer(i)`` orders layer ``i``'s attention after its write (a host wait on the
@@ -15,6 +16,7 @@ failed blocks for vLLM to recompute in the same step.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -34,6 +36,8 @@ class SyncLoadResult:
     failed_blocks: set[int] = field(default_factory=set)
     failed_chunks: int = 0
     failed_req_ids: list[str] = field(default_factory=list)
+    # (request id, chunks loaded, its share of the fetch-and-write seconds)
+    samples: list[tuple[str, int, float, bool]] = field(default_factory=list)
 
 
 @dataclass
@@ -60,15 +64,24 @@ class SyncLoader:
     def start(self, paged: PagedKV, requests: list[RequestIO]) -> SyncLoadResult:
         """Fetch the chunks and write them (or start writing them, layer by layer)."""
         self.finish()
+        start = time.perf_counter()
         result = SyncLoadResult()
         staged: list[_Staged] = []
         buffers = self._buffers(sum(len(r.chunks) for r in requests))
+        loaded: list[tuple[str, int]] = []
         for request in requests:
             mine, buffers = buffers[: len(request.chunks)], buffers[len(request.chunks) :]
-            staged += self._fetch(paged, request, mine, result)
+            ok = self._fetch(paged, request, mine, result)
+            staged += ok
+            loaded.append((request.req_id, len(ok)))
         if not self.pipelined:
             for layer in range(paged.layout.num_layers):
                 _write_layer(paged, layer, staged)
+        seconds, total = time.perf_counter() - start, sum(n for _, n in loaded)
+        result.samples = (
+            [(r, n, seconds * n / total, True) for r, n in loaded if n] if total else []
+        )
+        if not self.pipelined:
             return result
         self._layers = [
             self._stream.submit(functools.partial(_write_layer, paged, layer, staged))

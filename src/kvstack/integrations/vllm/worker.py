@@ -91,6 +91,9 @@ class WorkerSide:
         self.paged: PagedKV | None = None
         self.failed_blocks: set[int] = set()
         self.held: set[str] = set()
+        self.load_samples: list[
+            tuple[str, int, float, bool]
+        ] = []  # for the scheduler (worker_meta)
         self.step = 0
         self._save_time = 0.0  # this step's per-layer copy-out time so far
         self.stats = KVStackStats()
@@ -170,6 +173,7 @@ class WorkerSide:
             start = time.perf_counter()
             result = self.sync_loader.start(self.paged, meta.loads)
             self.failed_blocks |= result.failed_blocks
+            self.load_samples += result.samples
             self.stats.observe("load_seconds", time.perf_counter() - start)
             self._count_loaded(result.loaded_blocks, result.failed_chunks)
             for req_id in result.failed_req_ids:
@@ -216,6 +220,7 @@ class WorkerSide:
 
     def _count_async(self, loads: FinishedLoads) -> None:
         self.failed_blocks |= loads.failed_blocks
+        self.load_samples += loads.samples
         for seconds in loads.seconds:
             self.stats.observe("async_load_seconds", seconds)
         self._count_loaded(loads.loaded_blocks, loads.failed_chunks)
@@ -232,9 +237,14 @@ class WorkerSide:
         return failed
 
     def worker_meta(self) -> KVStackWorkerMeta | None:
-        if self.paged is None or not self.modes.copy_out_background:
+        """Every step's report: copy-outs done, and the step and load timings that
+        ``load_mode=auto`` chooses from (:mod:`.load_cost`)."""
+        if self.paged is None:
             return None
-        return KVStackWorkerMeta(self.saves.copied_through(self.step))
+        background = self.modes.copy_out_background
+        copied = self.saves.copied_through(self.step) if background else self.step
+        samples, self.load_samples = self.load_samples, []
+        return KVStackWorkerMeta(copied, self.step, samples)
 
     # -- reporting -------------------------------------------------------------------------
     def take_events(self) -> KVStackKVEvents | None:
