@@ -33,8 +33,11 @@ def plot(
 ) -> Path:
     """The PNG at ``path``; ``tokens_checked`` False (simulated engines): the story's title says
     that identity was not checked instead of claiming it."""
+    import logging
+
     import matplotlib
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font cache notice, once
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
