@@ -9,8 +9,9 @@ own engine, the same prefixes and decodes:
 - ``recompute``: plain vLLM computes the prefix;
 - ``<tier>/sync``: the connector with ``load_mode=sync`` (the load inside the engine step);
 - ``<tier>/async``: the connector with ``load_mode=async`` (the request waits, the batch does
-  not; the default ``auto`` picks one of the two by measured cost,
-  :mod:`kvstack.integrations.vllm.load_cost`);
+  not);
+- ``<tier>/auto``: the default, ``load_mode=auto``, which picks one of the two by measured cost
+  (:mod:`kvstack.integrations.vllm.load_cost`);
 - ``no loads``: on every engine, the same decodes in the seconds just before each load.
 
 Per round (one load): the loader's TTFT, and the decodes' inter-token gaps while it was in
@@ -38,6 +39,7 @@ from kvstack.bench.micro.vllm_harness import (
     stream_ttft,
 )
 from kvstack.bench.micro.vllm_probe import PromptFactory
+from kvstack.bench.micro.vllm_report_scenarios import INTERFERENCE_ARMS as ARMS
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 
 __all__ = ["interference"]
@@ -68,7 +70,7 @@ def interference(
         with engines.engine("recompute", None) as e:
             results["recompute"] = run(e, lambda: None)
         for tier, url in tiers.items():
-            for mode in ("sync", "async"):
+            for mode in ("sync", "async", "auto"):
                 config = connector_config([url], chunk_size=256, load_mode=mode)
                 label = f"{tier}/{mode}"
                 before: Callable[[], object] = (
@@ -78,6 +80,9 @@ def interference(
                     results[label] = run(e, before)
                     results[label]["async_loads"] = metric_value(
                         e, "kvstack_connector_async_loads_total"
+                    )
+                    results[label]["cost_sync_loads"] = metric_value(
+                        e, "kvstack_connector_cost_sync_loads_total"
                     )
                     results[label]["hit_tokens"] = metric_value(
                         e, "kvstack_connector_hit_tokens_total"
@@ -149,7 +154,7 @@ def _redis(work: Path) -> Iterator[str]:
 def report_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
     """Table rows: arm, loader TTFT, ITL p50/p99 before and during loads, p99 ratio."""
     rows: list[tuple[str, ...]] = []
-    for arm in ("recompute", "file/sync", "file/async", "redis/sync", "redis/async"):
+    for arm in ARMS:
         r = results.get(arm)
         if r is None:
             continue

@@ -17,6 +17,7 @@ from kvstack.models.toy import SMALL, TINY
 
 __all__ = [
     "BAR_OVERHEAD_PCT",
+    "INTERFERENCE_ARMS",
     "newest_scenario",
     "overhead_verdict",
     "pct",
@@ -30,6 +31,8 @@ __all__ = [
 BAR_OVERHEAD_PCT = 5.0  # the connector may cost at most 5% TTFT on prompts it cannot help
 BAR_ASYNC_ITL_P99 = 1.25  # decodes' ITL p99 during async loads: at most 1.25x without loads
 BAR_ASYNC_TTFT = 1.10  # the loading request's TTFT with async loads: at most 1.10x sync's
+INTERFERENCE_ARMS = ("recompute", "file/sync", "file/async", "file/auto", "redis/sync",
+                     "redis/async", "redis/auto")  # fmt: skip
 BAR_TURN_TWO_SHARE = 0.90  # turn two on another instance: at least 90% from the tiers
 
 
@@ -142,9 +145,10 @@ def _pipelining(res: dict[str, Any]) -> tuple[str, str]:
 
 def _async_targets(res: dict[str, Any], arm: str) -> str:
     """The async arm's bars: decodes' ITL p99 ratio, and its TTFT against the sync arm's."""
-    if not arm.endswith("/async"):
+    tier, _, mode = arm.partition("/")
+    if mode not in ("async", "auto"):
         return ""
-    a, sync = res[arm], res.get(arm.replace("/async", "/sync"))
+    a, sync = res[arm], res.get(f"{tier}/sync")
     cells = [target(a["p99_ratio"]["median"] <= BAR_ASYNC_ITL_P99,
                     f"ITL p99 ≤ {BAR_ASYNC_ITL_P99:g}× before")]  # fmt: skip
     if sync is not None:
@@ -157,7 +161,7 @@ def _async_targets(res: dict[str, Any], arm: str) -> str:
 
 def _interference(res: dict[str, Any]) -> tuple[str, str]:
     rows = []
-    for arm in ("recompute", "file/sync", "file/async", "redis/sync", "redis/async"):
+    for arm in INTERFERENCE_ARMS:
         a = res.get(arm)
         if a is None:
             continue
@@ -171,7 +175,8 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
     intro = (
         f"Four streamed decodes; one request at a time loads a {res['prefix_tokens']:,}-token "
         f"prefix from a slow tier (file tier with its page cache dropped, or Redis), "
-        f"{res['rounds']} rounds per arm; `recompute` is plain vLLM computing the prefix:"
+        f"{res['rounds']} rounds per arm; `recompute` is plain vLLM computing the prefix, "
+        f"`auto` the default load mode (it picks sync or async by measured cost):"
     )
     headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
                "during the load", "p99 during / before (min–max)", "stream errors",
