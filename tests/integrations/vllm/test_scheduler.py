@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from kvstack.integrations.settings import ConnectorSettings
+from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.lookup import LookupServer, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.scheduler import KVStackWorkerMeta, SchedulerSide
 from kvstack.kv.config import KVConfig
@@ -180,15 +181,20 @@ def test_a_preempted_request_resumes_from_its_saved_chunks(store: tuple[Store, s
     s.close()
 
 
+def _report_step(s: SchedulerSide, samples: Sequence[LoadSample] = ()) -> None:
+    """The worker's report of the scheduler's latest step, with these load timings."""
+    s.on_worker_output(SimpleNamespace(
+        kv_connector_worker_meta=KVStackWorkerMeta(s.step, s.step, list(samples)),
+        finished_sending=None, invalid_block_ids=set(),
+    ))  # fmt: skip
+
+
 def _timed_steps(s: SchedulerSide, seconds: float, count: int = 4) -> None:
     """``count`` steps of one running request, each reported ``seconds`` after scheduled."""
     for _ in range(count):
         s.build_meta(output(scheduled={"running": 1}))
         s.cost._started[s.step] -= seconds  # as if scheduled that long ago
-        s.on_worker_output(SimpleNamespace(
-            kv_connector_worker_meta=KVStackWorkerMeta(s.step, s.step), finished_sending=None,
-            invalid_block_ids=set(),
-        ))  # fmt: skip
+        _report_step(s)
 
 
 def _measured_load(
@@ -199,31 +205,34 @@ def _measured_load(
     r = request(req_id, list(range(20)))
     s.on_new_request(r)
     s.num_new_matched_tokens(r, 0)
-    sample = (req_id, 2, seconds, within)
-    s.on_worker_output(SimpleNamespace(
-        kv_connector_worker_meta=KVStackWorkerMeta(s.step, s.step, [sample]),
-        finished_sending=None, invalid_block_ids=set(),
-    ))  # fmt: skip
+    _report_step(s, [LoadSample(req_id, 2, seconds, within)])
     s.request_finished(r)
+
+
+def _decide_after(
+    engine: str, answers: Store, step_s: float, within_s: float, off_s: float, **settings: Any
+) -> tuple[SchedulerSide, tuple[int, bool]]:
+    """A side that measured steps of ``step_s`` and 2-chunk loads of ``within_s`` in the step
+    and ``off_s`` off it, and its answer for the next slow-tier load of 2 chunks."""
+    s = side(engine, **settings)
+    _timed_steps(s, step_s)
+    _measured_load(s, answers, "first", within_s, within=True)
+    _measured_load(s, answers, "second", off_s, within=False)
+    r = request("next", list(range(20)))
+    s.on_new_request(r)
+    return s, s.num_new_matched_tokens(r, 0)
 
 
 def test_auto_loads_a_slow_tier_within_the_step_once_measured_cheaper_there(
     store: tuple[Store, str],
 ) -> None:
     answers, engine = store
-    s = side(engine)
-    _timed_steps(s, 0.015)
-    _measured_load(s, answers, "first", 0.006, within=True)  # 3 ms a chunk in the step
-    _measured_load(s, answers, "second", 2.0, within=False)  # 1 s a chunk off it
-    r = request("next", list(range(20)))
-    s.on_new_request(r)
-    assert s.num_new_matched_tokens(r, 0) == (16, False)
+    # 15 ms steps; 3 ms a chunk in the step, 1 s a chunk off it
+    s, answer = _decide_after(engine, answers, 0.015, 0.006, 2.0)
+    assert answer == (16, False)
     assert s.take_stats().data["cost_sync_loads"] >= 1  # type: ignore[union-attr]
-    forced = side(engine, load_mode="async")
-    _timed_steps(forced, 0.015)
-    _measured_load(forced, answers, "first", 0.006, within=True)
-    forced.on_new_request(r)
-    assert forced.num_new_matched_tokens(r, 0) == (16, True)  # async: always
+    forced, answer = _decide_after(engine, answers, 0.015, 0.006, 2.0, load_mode="async")
+    assert answer == (16, True)  # async: always
     s.close()
     forced.close()
 
@@ -232,19 +241,15 @@ def test_auto_keeps_a_load_off_the_step_when_it_would_stall_the_batch(
     store: tuple[Store, str],
 ) -> None:
     answers, engine = store
-    s = side(engine)
-    _timed_steps(s, 0.020)
-    _measured_load(s, answers, "first", 0.200, within=True)  # 100 ms a chunk in the step
-    _measured_load(s, answers, "second", 0.020, within=False)  # 10 ms off it
-    r = request("next", list(range(20)))
-    s.on_new_request(r)
-    assert s.num_new_matched_tokens(r, 0) == (16, True)
+    # 20 ms steps; 100 ms a chunk in the step, 10 ms off it
+    s, answer = _decide_after(engine, answers, 0.020, 0.200, 0.020)
+    assert answer == (16, True)
     s.close()
 
 
 def test_worker_reports_of_every_rank_keep_the_slowest_load() -> None:
-    a = KVStackWorkerMeta(5, 7, [("r", 2, 0.010, True), ("q", 1, 0.002, True)])
-    b = KVStackWorkerMeta(4, 7, [("r", 2, 0.030, True)])
+    a = KVStackWorkerMeta(5, 7, [LoadSample("r", 2, 0.010, True), LoadSample("q", 1, 0.002, True)])
+    b = KVStackWorkerMeta(4, 7, [LoadSample("r", 2, 0.030, True)])
     merged = a.aggregate(b)
     assert merged.copied_through_step == 4 and merged.step == 7
     assert sorted(merged.load_samples) == [("q", 1, 0.002, True), ("r", 2, 0.030, True)]

@@ -32,13 +32,23 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from typing import NamedTuple
 
-__all__ = ["PROBE_CHUNKS", "PROBE_EVERY", "LoadCost"]
+__all__ = ["PROBE_CHUNKS", "PROBE_EVERY", "LoadCost", "LoadSample"]
 
 WINDOW = 32  # recent samples each median is taken over
 MAX_PENDING_STEPS = 64  # steps scheduled but not yet reported, kept for their timing
 PROBE_CHUNKS = 4  # the largest load sent into the step only to measure it
 PROBE_EVERY = 64  # slow-tier loads between two such measurements
+
+
+class LoadSample(NamedTuple):
+    """One finished load, as the worker timed it (fetch and write, no wait for the step)."""
+
+    req_id: str
+    chunks: int
+    seconds: float
+    within_step: bool
 
 
 def _median(samples: deque[float]) -> float | None:

@@ -28,6 +28,7 @@ import torch
 
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
+from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import CopyStream
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
@@ -48,8 +49,7 @@ class FinishedLoads:
     failed_chunks: int = 0
     timeouts: int = 0
     seconds: list[float] = field(default_factory=list)  # start to finish, per job
-    # (request id, chunks written, seconds the fetch and write took): no wait for the step
-    samples: list[tuple[str, int, float, bool]] = field(default_factory=list)
+    samples: list[LoadSample] = field(default_factory=list)  # jobs that wrote something
 
 
 @dataclass
@@ -162,7 +162,9 @@ class AsyncLoader:
                 job.abandoned = True
                 written = job.written
                 if not timed_out and written:
-                    out.samples.append((job.request.req_id, written, job.fetch_seconds, False))
+                    out.samples.append(
+                        LoadSample(job.request.req_id, written, job.fetch_seconds, False)
+                    )
             self._report(job, written, timed_out, now, out)
         with self._jobs_lock:
             for req_id in out.req_ids:

@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from kvstack.integrations.plan import RequestIO, RequestTracker, block_aligned_hit
 from kvstack.integrations.settings import ConnectorSettings
-from kvstack.integrations.vllm.load_cost import LoadCost
+from kvstack.integrations.vllm.load_cost import LoadCost, LoadSample
 from kvstack.integrations.vllm.lookup import LookupClient, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.stats import KVStackStats
 from kvstack.kv.config import KVConfig
@@ -62,16 +62,15 @@ class KVStackMetadata(KVConnectorMetadata):
 class KVStackWorkerMeta(KVConnectorWorkerMetadata):
     copied_through_step: int  # every copy-out of this step and earlier ones is over
     step: int = 0  # the step this report ends
-    # (request id, chunks, seconds, within the step) of loads that finished fetching and writing
-    load_samples: list[tuple[str, int, float, bool]] = field(default_factory=list)
+    load_samples: list[LoadSample] = field(default_factory=list)  # loads finished since
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVStackWorkerMeta:
         """Every rank's report in one: the oldest copy-out, the slowest rank's load."""
         theirs = getattr(other, "copied_through_step", self.copied_through_step)
-        slowest: dict[str, tuple[str, int, float, bool]] = {}
+        slowest: dict[str, LoadSample] = {}
         for sample in [*self.load_samples, *getattr(other, "load_samples", [])]:
-            if sample[0] not in slowest or sample[2] > slowest[sample[0]][2]:
-                slowest[sample[0]] = sample
+            if sample.req_id not in slowest or sample.seconds > slowest[sample.req_id].seconds:
+                slowest[sample.req_id] = sample
         samples = list(slowest.values())
         step = max(self.step, getattr(other, "step", self.step))
         return KVStackWorkerMeta(min(self.copied_through_step, theirs), step, samples)
@@ -187,15 +186,13 @@ class SchedulerSide:
     def _asynchronous(
         self, req_id: str, answer: PrefixAnswer, hit_tokens: int, num_computed: int
     ) -> bool:
-        needed = -(-hit_tokens // self.kv.chunk_size)
-        slow = answer.in_memory < needed
-        if slow:
-            self.slow_loads.add(req_id)  # its load's timing feeds the cost model
         mode = self.settings.load_mode
         if mode != "auto":
             return mode == "async"
-        if not slow:
+        needed = -(-hit_tokens // self.kv.chunk_size)
+        if answer.in_memory >= needed:
             return False
+        self.slow_loads.add(req_id)  # its load's timing feeds the cost model
         loading = needed - num_computed // self.kv.chunk_size
         if self.cost.within_step(loading, self.stepping):
             self.stats.add("cost_sync_loads", 1)
@@ -237,11 +234,9 @@ class SchedulerSide:
     # -- per-step metadata -----------------------------------------------------------------
     def build_meta(self, out: SchedulerOutput) -> KVStackMetadata:
         self.step += 1
-        if out.num_scheduled_tokens:
-            self.stepping = len(out.num_scheduled_tokens)
+        self.stepping = len(out.num_scheduled_tokens)
+        if self.stepping:
             self.cost.step_scheduled(self.step, time.monotonic())
-        else:
-            self.stepping = 0
         meta = KVStackMetadata(self.step, preempted=set(out.preempted_req_ids or ()))
         meta.async_loads, self.starting = list(self.starting.values()), {}
         meta.held, self.new_held = self.new_held, []
@@ -301,10 +296,10 @@ class SchedulerSide:
         if isinstance(worker, KVStackWorkerMeta):
             self.copied_through = max(self.copied_through, worker.copied_through_step)
             self.cost.step_reported(worker.step, now)
-            for req_id, num_chunks, seconds, within_step in worker.load_samples:
-                if req_id in self.slow_loads:
-                    self.slow_loads.discard(req_id)
-                    self.cost.observe_load(num_chunks, seconds, within_step)
+            for sample in worker.load_samples:
+                if sample.req_id in self.slow_loads:
+                    self.slow_loads.discard(sample.req_id)
+                    self.cost.observe_load(sample.chunks, sample.seconds, sample.within_step)
         for req_id in output.finished_sending or ():
             since = self.hold_since.pop(req_id, None)
             if since is not None:

@@ -23,6 +23,7 @@ import torch
 
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
+from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import Completion, CopyStream
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
@@ -36,8 +37,7 @@ class SyncLoadResult:
     failed_blocks: set[int] = field(default_factory=set)
     failed_chunks: int = 0
     failed_req_ids: list[str] = field(default_factory=list)
-    # (request id, chunks loaded, its share of the fetch-and-write seconds)
-    samples: list[tuple[str, int, float, bool]] = field(default_factory=list)
+    samples: list[LoadSample] = field(default_factory=list)  # each its share of the time
 
 
 @dataclass
@@ -74,19 +74,16 @@ class SyncLoader:
             ok = self._fetch(paged, request, mine, result)
             staged += ok
             loaded.append((request.req_id, len(ok)))
-        if not self.pipelined:
+        if self.pipelined:
+            self._layers = [
+                self._stream.submit(functools.partial(_write_layer, paged, layer, staged))
+                for layer in range(paged.layout.num_layers)
+            ]
+        else:
             for layer in range(paged.layout.num_layers):
                 _write_layer(paged, layer, staged)
         seconds, total = time.perf_counter() - start, sum(n for _, n in loaded)
-        result.samples = (
-            [(r, n, seconds * n / total, True) for r, n in loaded if n] if total else []
-        )
-        if not self.pipelined:
-            return result
-        self._layers = [
-            self._stream.submit(functools.partial(_write_layer, paged, layer, staged))
-            for layer in range(paged.layout.num_layers)
-        ]
+        result.samples = [LoadSample(r, n, seconds * n / total, True) for r, n in loaded if n]
         return result
 
     def _fetch(

@@ -32,6 +32,7 @@ from kvstack.integrations.plan import ChunkIO
 from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
+from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
 from kvstack.integrations.vllm.lookup import LookupServer, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.saves import SaveQueue
@@ -91,9 +92,7 @@ class WorkerSide:
         self.paged: PagedKV | None = None
         self.failed_blocks: set[int] = set()
         self.held: set[str] = set()
-        self.load_samples: list[
-            tuple[str, int, float, bool]
-        ] = []  # for the scheduler (worker_meta)
+        self.load_samples: list[LoadSample] = []  # for the scheduler (worker_meta)
         self.step = 0
         self._save_time = 0.0  # this step's per-layer copy-out time so far
         self.stats = KVStackStats()
