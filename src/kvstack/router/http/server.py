@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib.util
 import logging
 import socket
@@ -13,26 +12,13 @@ from kvstack.router.config import RouterConfig
 from kvstack.router.http.app import RouterApp
 from kvstack.router.router import Router
 
-__all__ = ["RouterServer", "build_server", "tune_gc"]
+__all__ = ["RouterServer", "build_server"]
 
 log = logging.getLogger(__name__)
 
 
 def _fastest(module: str, fallback: str = "auto") -> str:
     return module if importlib.util.find_spec(module) is not None else fallback
-
-
-def tune_gc() -> None:
-    """Collect young objects 30x less often, and exempt the startup heap from collections.
-
-    A proxied request allocates a few hundred container objects (scope, headers, futures,
-    coroutines), nearly all freed by reference counting; with the default threshold (700) a
-    generation-0 collection ran every two or three requests and cost ~20 µs of the ~75 µs the
-    router's own code spends per request (measured with the router's ASGI app in process).
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(20_000, 20, 100)
 
 
 class RouterServer(uvicorn.Server):
