@@ -122,3 +122,26 @@ def test_the_preemption_engines_have_a_model_length_their_blocks_can_hold(
     assert out["plain_vllm"]["preemptions"]["median"] == 1.0
     with pytest.raises(ValueError, match="--preempt-blocks 20 holds 2,560 tokens"):
         vllm_turns.preemption(engines, PromptFactory(seed=0), blocks=20, reps=1)
+
+
+def test_engine_itl_percentiles_come_from_the_histogram_difference() -> None:
+    from kvstack.bench.micro.vllm_harness import fine_itl_buckets, histogram_itl
+
+    bounds = fine_itl_buckets()
+    assert bounds == sorted(set(bounds)) and bounds[0] == 0.0005 and bounds[-1] == 60.0
+
+    def cumulative(samples: list[float]) -> dict[float, float]:
+        counts = {b: float(sum(1 for s in samples if s <= b)) for b in bounds}
+        counts[float("inf")] = float(len(samples))
+        return counts
+
+    before_window = [0.012] * 50  # observed before the window: must not count
+    window = [0.0101] * 98 + [0.250, 0.900]  # 98 steps of ~10 ms, a 250 ms and a 900 ms stall
+    before, after = cumulative(before_window), cumulative(before_window + window)
+    got = histogram_itl(before, after)
+    assert got["samples"] == 100
+    assert 10.0 <= got["p50_ms"] <= 10.5  # in the 10.0-10.5 ms bucket
+    assert 240.0 <= got["p99_ms"] <= 260.0  # the 99th of 100 is the 250 ms stall
+    # Nothing observed in the window: no figure, not a zero.
+    empty = histogram_itl(after, after)
+    assert empty["samples"] == 0 and empty["p99_ms"] != empty["p99_ms"]  # NaN

@@ -159,6 +159,15 @@ def _async_targets(res: dict[str, Any], arm: str) -> str:
     return "; ".join(cells)
 
 
+def _itl_source(res: dict[str, Any]) -> str:
+    arms = [res[a] for a in INTERFERENCE_ARMS if a in res]
+    if arms and all(a.get("itl_source") == "engine" for a in arms):
+        return ("Decode ITLs are the engine's own step times (vLLM's inter-token latency "
+                "histogram, 0.5 ms buckets below 20 ms):")  # fmt: skip
+    return ("Decode ITLs are the gaps between streamed chunks as the client read them; a "
+            "client that reads several tokens at once sees 0 ms gaps:")  # fmt: skip
+
+
 def _interference(res: dict[str, Any]) -> tuple[str, str]:
     rows = []
     for arm in INTERFERENCE_ARMS:
@@ -176,7 +185,8 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
         f"Four streamed decodes; one request at a time loads a {res['prefix_tokens']:,}-token "
         f"prefix from a slow tier (file tier with its page cache dropped, or Redis), "
         f"{res['rounds']} rounds per arm; `recompute` is plain vLLM computing the prefix, "
-        f"`auto` the default load mode (it picks sync or async by measured cost):"
+        f"`auto` the default load mode (it picks sync or async by measured cost). "
+        + _itl_source(res)
     )
     headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
                "during the load", "p99 during / before (min–max)", "stream errors",
