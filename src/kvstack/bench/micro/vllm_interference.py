@@ -74,7 +74,7 @@ def interference(
         _store(engines, prefixes, list(tiers.values()))
         resident = drop_page_cache(kv_dir)
         results["page_cache_after_drop_bytes"] = resident
-        run = _Arm(prefixes, decodes, prompts, quiet_s)
+        run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len)
         with engines.engine("recompute", None, itl_engine_args()) as e:
             results["recompute"] = run(e, lambda: None)
         for tier, url in tiers.items():
@@ -113,16 +113,21 @@ class _Arm:
         decodes: list[list[int]],
         prompts: PromptFactory,
         quiet_s: float,
+        max_model_len: int,
     ) -> None:
         self.prefixes, self.decodes = prefixes, decodes
         self.prompts, self.quiet_s = prompts, quiet_s
+        self.max_model_len = max_model_len
 
     def __call__(self, engine: VLLMServer, before_load: Callable[[], object]) -> dict[str, Any]:
         stream_ttft(engine, self.prompts(64))  # warm-up
-        rounds = []
-        with DecodeStreams(engine, self.decodes, max_tokens=12000) as streams:
-            streams.wait_running(8)
-            for prefix in self.prefixes:
+        rounds, errors = [], []
+        # Fresh decodes every round, as long as the model length allows: a fast engine runs a
+        # decode's whole budget within seconds, and a round must never find them finished.
+        budget = self.max_model_len - DECODE_PROMPT_TOKENS - 64
+        for prefix in self.prefixes:
+            with DecodeStreams(engine, self.decodes, max_tokens=budget) as streams:
+                streams.wait_running(8)
                 before_load()
                 quiet_from = itl_counts(engine)
                 time.sleep(self.quiet_s)
@@ -139,7 +144,7 @@ class _Arm:
                     "client_quiet": itl(streams.gaps(start - self.quiet_s, start)),
                     "client_loading": itl(streams.gaps(start, end)),
                 })  # fmt: skip
-            errors = streams.errors()
+                errors += streams.errors()
         return _summary(rounds, errors)
 
 
