@@ -163,3 +163,19 @@ def test_a_sync_load_reports_the_chunks_it_could_not_fetch(kv: KVCache) -> None:
     result = loader.start(paged, [plan])
     assert result.failed_blocks == {2, 3} and result.failed_req_ids == ["r1"]
     assert int(memory[:, [2, 3]].sum()) == 0
+
+
+def test_a_thread_stream_writes_inference_tensors_as_the_step_that_submitted_it() -> None:
+    # vLLM steps in inference mode; the pipelined copy-out writes its staging tensors from the
+    # stream's own thread, where inference mode is off unless the stream carries it over.
+    stream = ThreadStream("test-copy")
+    try:
+        with torch.inference_mode():
+            pages = torch.arange(32.0).reshape(8, 4)
+            out = torch.empty(2, 4)
+            index = torch.tensor([5, 1])
+            done = stream.submit(lambda: torch.index_select(pages, 0, index, out=out))
+            assert done.wait(10)
+        assert out.tolist() == [pages[5].tolist(), pages[1].tolist()]
+    finally:
+        stream.close()

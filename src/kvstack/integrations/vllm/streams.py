@@ -108,8 +108,17 @@ class ThreadStream:
         self._lock = threading.Lock()
 
     def submit(self, work: Callable[[], None]) -> Completion:
+        # Inference mode is per thread: vLLM steps in it and its KV cache and the connector's
+        # staging tensors are inference tensors, which only code in inference mode may write.
+        # The work runs in the mode of the thread that submitted it.
+        inference = torch.is_inference_mode_enabled()
+
+        def run() -> None:
+            with torch.inference_mode(inference):
+                work()
+
         with self._lock:
-            return _FutureCompletion(self._pool.submit(work))
+            return _FutureCompletion(self._pool.submit(run))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
