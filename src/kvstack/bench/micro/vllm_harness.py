@@ -254,15 +254,10 @@ def itl_counts(server: VLLMServer) -> dict[float, float]:
     (summed over label sets). vLLM times each token with the engine core's own timestamp of
     the step that made it, so these gaps are the engine's, not the HTTP stream's: a client
     that reads two tokens from one network read saw a 0 ms gap where the engine took a step."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
     counts: dict[float, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{ITL_METRIC}_bucket":
-                bound = float(sample.labels["le"])
-                counts[bound] = counts.get(bound, 0.0) + sample.value
+    for sample in _samples(server, f"{ITL_METRIC}_bucket"):
+        bound = float(sample.labels["le"])
+        counts[bound] = counts.get(bound, 0.0) + sample.value
     return counts
 
 
@@ -289,15 +284,16 @@ def histogram_itl(before: Mapping[float, float], after: Mapping[float, float]) -
 
 def metric_value(server: VLLMServer, name: str) -> float:
     """Sum of the samples called ``name`` on the engine's ``/metrics``."""
+    return float(sum(sample.value for sample in _samples(server, name)))
+
+
+def _samples(server: VLLMServer, name: str) -> Iterator[Any]:
+    """The samples called ``name`` on the engine's ``/metrics`` now."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = httpx.get(f"{server.url}/metrics", timeout=30).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == name
-    )
+    for family in text_string_to_metric_families(text):
+        yield from (sample for sample in family.samples if sample.name == name)
 
 
 def drop_page_cache(root: Path) -> int:

@@ -53,9 +53,6 @@ class MetricsScraper:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def scrape_all(self) -> None:
-        await asyncio.gather(*(self.scrape(s) for s in self._pool.states() if s.healthy))
-
     async def scrape(self, state: BackendState) -> None:
         try:
             status, raw = await self._client.get(
