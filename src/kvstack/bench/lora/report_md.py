@@ -53,7 +53,8 @@ def _shape_rows(r: Result, mode: dict[str, Any]) -> list[tuple[str, ...]]:
             rows.append(_row(arms, what, run, judged=False))
     for shape, s in mode["summary"].items():
         seeds = ", ".join(str(x) for x in s["seeds"])
-        rows.append(_row(arms, f"s = {shape}, seeds {seeds} (held out)", s, judged=True))
+        plural = "s" * (len(s["seeds"]) > 1)
+        rows.append(_row(arms, f"s = {shape}, seed{plural} {seeds} (held out)", s, judged=True))
     if not mode["summary"]:  # no held-out seeds: the runs there are
         rows += [
             _row(arms, f"s = {run['zipf_s']:g}, seed {run['seed']}", run, judged=True)
@@ -235,7 +236,9 @@ def _figure(r: Result, mode: str) -> str:
     ratio = median("weighted-lru vs lru", "ttft_p99_interactive_ratio")
     if ratio is not None:
         text += f"; interactive TTFT p99 ×{ratio:.2f} of LRU's"
-    if summary:
+    if summary and len(summary["seeds"]) == 1:
+        text += f" (one run, held-out seed {summary['seeds'][0]})"
+    elif summary:
         seeds = ", ".join(str(x) for x in summary["seeds"])
         text += f" (medians over held-out seeds {seeds}; min–max in brackets)"
     else:
