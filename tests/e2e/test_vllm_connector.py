@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,14 +48,20 @@ def loras(toy_model: Path, workdir: Path) -> list[str]:
 
 
 def engine(
-    toy_model: Path, workdir: Path, name: str, tiers: list[str] | None, extra: list[str]
+    toy_model: Path,
+    workdir: Path,
+    name: str,
+    tiers: list[str] | None,
+    extra: list[str],
+    **settings: Any,
 ) -> VLLMServer:
     """Launched, not yet awaited (``.wait_ready()``)."""
+    config = None if tiers is None else connector_config(tiers, chunk_size=CHUNK, **settings)
     return launch_engine(
         toy_model,
         workdir,
         name,
-        kv_transfer_config=None if tiers is None else connector_config(tiers, chunk_size=CHUNK),
+        kv_transfer_config=config,
         enable_lora=True,
         max_loras=2,
         extra_args=["--no-enable-prefix-caching", *extra],
@@ -68,12 +75,14 @@ def tiers_a(workdir: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def engines(toy_model: Path, workdir: Path, loras: list[str]) -> Iterator[dict[str, VLLMServer]]:
     """The module's three long-lived engines boot together; each fixture waits for its own.
-    Engine B reads the shared directory at request time, so booting it early changes nothing."""
+    Engine B reads the shared directory at request time, so booting it early changes nothing.
+    A copies layer by layer (the default, also on the CPU build), B whole steps at a time: both
+    of the worker's copy paths run on a real engine."""
     b_tiers = [f"file://{workdir / 'shared-kv'}?size=2GiB"]
     servers = {
         "reference": engine(toy_model, workdir, "reference", None, loras),
         "engine-a": engine(toy_model, workdir, "engine-a", tiers_a(workdir), loras),
-        "engine-b": engine(toy_model, workdir, "engine-b", b_tiers, loras),
+        "engine-b": engine(toy_model, workdir, "engine-b", b_tiers, loras, layer_pipelining=False),
     }
     with booting(servers):
         yield servers
@@ -102,6 +111,14 @@ def test_loaded_kv_gives_the_tokens_recomputation_gives(
         expected_hits += block_aligned_hit(length // CHUNK * CHUNK, length, BLOCK)
     assert expected_hits > 8000
     assert wait_metric(engine_a, HITS, before + expected_hits) == before + expected_hits
+
+
+def test_the_engines_copy_as_configured(
+    workdir: Path, engine_a: VLLMServer, engine_b: VLLMServer
+) -> None:
+    """The worker logs its copy modes once it has registered the paged buffer."""
+    assert "layer pipelining on" in (workdir / "engine-a.log").read_text()
+    assert "layer pipelining off" in (workdir / "engine-b.log").read_text()
 
 
 def test_tenants_and_adapters_never_share_chunks(

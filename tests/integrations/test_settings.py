@@ -61,10 +61,11 @@ def test_the_cluster_secret_comes_from_the_extra_config_or_the_environment(
 
 def test_copy_modes_default_by_device_and_follow_the_settings() -> None:
     defaults, _ = split_extra_config({})
-    assert transfer_modes(defaults, "cpu") == TransferModes(False, False)
+    assert transfer_modes(defaults, "cpu") == TransferModes(False, True)
     assert transfer_modes(defaults, "cuda") == TransferModes(True, True)
-    chosen, _ = split_extra_config({"copy_out": "background", "layer_pipelining": True})
-    assert transfer_modes(chosen, "cpu") == TransferModes(True, True)
+    chosen, _ = split_extra_config({"copy_out": "background", "layer_pipelining": False})
+    assert transfer_modes(chosen, "cpu") == TransferModes(True, False)
+    assert transfer_modes(chosen, "cuda") == TransferModes(True, False)
     assert defaults.load_mode == "auto" and defaults.save_generated is True
 
 

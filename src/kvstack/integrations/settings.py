@@ -89,11 +89,11 @@ class ConnectorSettings(Section):
         "copy-out overlaps the next step and a finished request's blocks are freed when it "
         "is over; default: background on GPUs, step on vLLM's CPU build (measured faster)",
     )
-    layer_pipelining: bool | None = Field(
-        default=None,
+    layer_pipelining: bool = Field(
+        default=True,
         description="write loaded KV layer by layer while earlier layers compute, and copy "
-        "saved KV out as each layer finishes; default: on for GPUs, off on vLLM's CPU build "
-        "(measured: it does not pay there)",
+        "saved KV out as each layer finishes; on by default for GPUs and for vLLM's CPU build "
+        "(measured on the CPU build: hit TTFT 2% lower, 95% interval 1.1-2.9%)",
     )
     index: dict[str, Any] = Field(
         default_factory=dict,
@@ -123,8 +123,7 @@ def transfer_modes(settings: ConnectorSettings, device_type: str) -> TransferMod
     """The settings' copy modes, with the defaults for ``device_type`` filled in."""
     gpu = device_type == "cuda"
     copy_out = settings.copy_out or ("background" if gpu else "step")
-    pipelining = gpu if settings.layer_pipelining is None else settings.layer_pipelining
-    return TransferModes(copy_out == "background", pipelining)
+    return TransferModes(copy_out == "background", settings.layer_pipelining)
 
 
 def index_section(settings: ConnectorSettings) -> IndexConfig:
