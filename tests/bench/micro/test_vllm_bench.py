@@ -145,3 +145,60 @@ def test_engine_itl_percentiles_come_from_the_histogram_difference() -> None:
     # Nothing observed in the window: no figure, not a zero.
     empty = histogram_itl(after, after)
     assert empty["samples"] == 0 and empty["p99_ms"] != empty["p99_ms"]  # NaN
+
+
+def test_the_in_flight_window_ends_at_the_first_scrape_that_counts_the_load_done() -> None:
+    """The interference scenario's ``_poll`` on a real HTTP ``/metrics`` whose histogram and
+    finished-load count change between scrapes, as an engine's do."""
+    import http.server
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from kvstack.bench.micro import vllm_interference as interference
+    from kvstack.bench.micro.vllm_harness import ITL_METRIC
+
+    scrapes: list[float] = []
+
+    def text(n: int) -> str:
+        done = 1 if n >= 3 else 0  # the load is counted finished from the fourth scrape on
+        lines = [f"# TYPE {ITL_METRIC} histogram"]
+        lines += [
+            f'{ITL_METRIC}_bucket{{le="0.05"}} {10 * n}',
+            f'{ITL_METRIC}_bucket{{le="+Inf"}} {10 * n}',
+        ]
+        lines += [f"{ITL_METRIC}_count {10 * n}", f"{ITL_METRIC}_sum {0.5 * n}"]
+        lines += ["# TYPE kvstack_connector_async_load_seconds histogram"]
+        lines += [f"{interference.LOADS_DONE} {done}"]
+        return "\n".join(lines) + "\n"
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = text(len(scrapes)).encode()
+            scrapes.append(time.monotonic())
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    engine = SimpleNamespace(url=f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        got, landed = interference._poll(engine, lambda: time.sleep(0.4) or "token", 0.0)  # type: ignore[arg-type]
+        assert got == "token"
+        assert landed == {0.05: 30.0, float("inf"): 30.0}  # the fourth scrape's histogram
+        assert len(scrapes) >= 6  # every 50 ms while the work ran
+        _, none = interference._poll(engine, lambda: time.sleep(0.1), None)  # type: ignore[arg-type]
+        assert none is None
+        with pytest.raises(RuntimeError, match="the stream broke"):
+            interference._poll(engine, _broken)  # type: ignore[arg-type]
+    finally:
+        server.shutdown()
+
+
+def _broken() -> None:
+    raise RuntimeError("the stream broke")

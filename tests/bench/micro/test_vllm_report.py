@@ -142,3 +142,32 @@ def test_scenarios_render_whichever_have_results(tmp_path: Path) -> None:
     text = render_scenarios(tmp_path)
     assert "**Preemption" in text and "Interference" not in text
     assert "| kvstack | 2 (1–3) | 2 (1–3) | 2 (1–3) | 2.00 s (1.00–3.00 s) |" in text
+
+
+def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> None:
+    def s(median: float) -> dict[str, float]:
+        return {"median": median, "min": median, "max": median, "n": 3}
+
+    def arm(ttft: float, during: float, in_flight: float | None = None) -> dict[str, Any]:
+        a = {
+            "ttft_s": s(ttft), "quiet_p50_ms": s(50.0), "quiet_p99_ms": s(55.0),
+            "loading_p50_ms": s(52.0), "loading_p99_ms": s(during),
+            "p99_ratio": s(during / 55.0), "errors": [], "itl_source": "engine",
+        }  # fmt: skip
+        if in_flight is not None:
+            a["in_flight_p99_ratio"] = s(in_flight / 55.0)
+        return a
+
+    res = {
+        "scenario": "interference", "prefix_tokens": 8192, "rounds": 3,
+        "recompute": arm(26.0, 9000.0), "vllm-hit": arm(0.2, 160.0),
+        "file/sync": arm(0.7, 680.0), "file/async": arm(0.46, 160.0, 60.5),
+    }  # fmt: skip
+    _save(tmp_path, "vllm-interference-2026-12-03.json", res, ["--scenario", "interference"])
+    text = render_scenarios(tmp_path)
+    hit_row = next(line for line in text.splitlines() if line.startswith("| vllm-hit |"))
+    assert "2.91×" in hit_row  # its own window's p99 over before, judged by no bar
+    row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
+    assert "1.10×" in row  # in flight: 60.5 / 55
+    assert "ITL p99 ≤ 1.25× before: **missed**" in row  # the bar, on the whole window as written
+    assert "ITL p99 during 1.00× vLLM's own hit's" in row

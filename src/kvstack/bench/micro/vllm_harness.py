@@ -41,6 +41,7 @@ __all__ = [
     "itl_engine_args",
     "metric_value",
     "redis_server",
+    "scrape",
     "spread",
     "stream_ttft",
 ]
@@ -249,11 +250,12 @@ def itl_engine_args() -> list[str]:
     return ["--custom-histogram-buckets", json.dumps({"inter_token_latency": fine_itl_buckets()})]
 
 
-def itl_counts(server: VLLMServer) -> dict[float, float]:
-    """The engine's cumulative ITL histogram now: upper bound -> observations at or below it
-    (summed over label sets). vLLM times each token with the engine core's own timestamp of
-    the step that made it, so these gaps are the engine's, not the HTTP stream's: a client
-    that reads two tokens from one network read saw a 0 ms gap where the engine took a step."""
+def itl_counts(server: VLLMServer | str) -> dict[float, float]:
+    """The engine's cumulative ITL histogram now (or in a :func:`scrape`'s text): upper bound
+    -> observations at or below it (summed over label sets). vLLM times each token with the
+    engine core's own timestamp of the step that made it, so these gaps are the engine's, not
+    the HTTP stream's: a client that reads two tokens from one network read saw a 0 ms gap
+    where the engine took a step."""
     counts: dict[float, float] = {}
     for sample in _samples(server, f"{ITL_METRIC}_bucket"):
         bound = float(sample.labels["le"])
@@ -282,16 +284,22 @@ def histogram_itl(before: Mapping[float, float], after: Mapping[float, float]) -
     return {"p50_ms": 1000 * quantile(0.50), "p99_ms": 1000 * quantile(0.99), "samples": total}
 
 
-def metric_value(server: VLLMServer, name: str) -> float:
-    """Sum of the samples called ``name`` on the engine's ``/metrics``."""
+def metric_value(server: VLLMServer | str, name: str) -> float:
+    """Sum of the samples called ``name`` on the engine's ``/metrics`` (or in a
+    :func:`scrape`'s text)."""
     return float(sum(sample.value for sample in _samples(server, name)))
 
 
-def _samples(server: VLLMServer, name: str) -> Iterator[Any]:
-    """The samples called ``name`` on the engine's ``/metrics`` now."""
+def scrape(server: VLLMServer) -> str:
+    """The engine's ``/metrics`` text now (read several figures from one moment)."""
+    return httpx.get(f"{server.url}/metrics", timeout=30).text
+
+
+def _samples(server: VLLMServer | str, name: str) -> Iterator[Any]:
+    """The samples called ``name`` on the engine's ``/metrics`` now, or in a scrape's text."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    text = server if isinstance(server, str) else scrape(server)
     for family in text_string_to_metric_families(text):
         yield from (sample for sample in family.samples if sample.name == name)
 

@@ -7,6 +7,9 @@ files dropped from the page cache before every load, or Redis. Arms, all in one 
 own engine, the same prefixes and decodes:
 
 - ``recompute``: plain vLLM computes the prefix;
+- ``vllm-hit``: plain vLLM with the prefix in its own prefix cache (computed before the rounds):
+  what any hit costs the batch, kvstack's or not, since the hit request's own first step (its
+  suffix, attending to the whole prefix) runs among the decodes;
 - ``<tier>/sync``: the connector with ``load_mode=sync`` (the load inside the engine step);
 - ``<tier>/async``: the connector with ``load_mode=async`` (the request waits, the batch does
   not);
@@ -15,23 +18,28 @@ own engine, the same prefixes and decodes:
 - ``no loads``: on every engine, the same decodes in the seconds just before each load.
 
 Per round (one load): the loader's TTFT, and the decodes' inter-token latencies while it was in
-flight (send to its token) and in the ``--quiet-s`` seconds before. The latencies are the
+flight (send to its token) and in the ``--quiet-s`` seconds before. Where the load is
+asynchronous, also while it is in flight: from the send to the scrape of ``/metrics`` (every
+:data:`POLL_S`, in the quiet window too) that first counts it finished, before the request's
+own first step, which takes longer than a poll. The latencies are the
 engine's own: vLLM's ``vllm:inter_token_latency_seconds`` histogram, given fine buckets
 (:func:`~.vllm_harness.fine_itl_buckets`) and read before and after each window, times every
 token by the engine core's timestamp of the step that made it. The gaps between streamed chunks
 as the client reads them are kept too (``client_*``), but they are not a measure of the engine:
 on a fast machine the HTTP stream hands over several tokens in one read, and those gaps read
 0 ms. Reported per arm: medians and min-max over rounds of the loader's TTFT and of ITL
-p50/p99, and the ratio of each round's p99 during the load to its p99 before.
+p50/p99, and the ratio of each round's p99 during the load (and in flight) to its p99 before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvstack.bench.micro.vllm_harness import (
     DecodeStreams,
@@ -43,6 +51,7 @@ from kvstack.bench.micro.vllm_harness import (
     itl_engine_args,
     metric_value,
     redis_server,
+    scrape,
     spread,
     stream_ttft,
 )
@@ -55,6 +64,9 @@ __all__ = ["interference"]
 NUM_DECODES = 4
 DECODE_PROMPT_TOKENS = 128
 SUFFIX_TOKENS = 16  # the loader's own tokens after its prefix (computed in every arm)
+POLL_S = 0.05  # scrape interval while a load runs (and in the quiet window before it)
+LOADS_DONE = "kvstack_connector_async_load_seconds_count"  # asynchronous loads finished
+T = TypeVar("T")
 
 
 def interference(
@@ -77,6 +89,10 @@ def interference(
         run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len)
         with engines.engine("recompute", None, itl_engine_args()) as e:
             results["recompute"] = run(e, lambda: None)
+        with engines.engine("vllm-hit", None, itl_engine_args()) as e:
+            for prefix in prefixes:  # into vLLM's own prefix cache
+                completion(e, prefix, 1)
+            results["vllm-hit"] = run(e, lambda: None)
         for tier, url in tiers.items():
             for mode in ("sync", "async", "auto"):
                 config = connector_config([url], chunk_size=256, load_mode=mode)
@@ -130,17 +146,22 @@ class _Arm:
                 streams.wait_running(8)
                 before_load()
                 quiet_from = itl_counts(engine)
-                time.sleep(self.quiet_s)
+                _poll(engine, lambda: time.sleep(self.quiet_s))  # scraped as during the load
                 start = time.perf_counter()
-                load_from = itl_counts(engine)
+                text = scrape(engine)
+                load_from = itl_counts(text)
                 # One token: the loader adds no inter-token latency of its own to the window.
-                ttft = stream_ttft(engine, prefix + self.prompts(SUFFIX_TOKENS), max_tokens=1)
+                loader = functools.partial(
+                    stream_ttft, engine, prefix + self.prompts(SUFFIX_TOKENS), max_tokens=1
+                )
+                ttft, landed = _poll(engine, loader, metric_value(text, LOADS_DONE))
                 end = time.perf_counter()
                 load_to = itl_counts(engine)
                 rounds.append({
                     "ttft_s": ttft,
                     "quiet": histogram_itl(quiet_from, load_from),
                     "loading": histogram_itl(load_from, load_to),
+                    "in_flight": None if landed is None else histogram_itl(load_from, landed),
                     "client_quiet": itl(streams.gaps(start - self.quiet_s, start)),
                     "client_loading": itl(streams.gaps(start, end)),
                 })  # fmt: skip
@@ -148,10 +169,48 @@ class _Arm:
         return _summary(rounds, errors)
 
 
+def _poll(
+    engine: VLLMServer, work: Callable[[], T], loads_done: float | None = None
+) -> tuple[T, dict[float, float] | None]:
+    """Run ``work`` while scraping ``/metrics`` every :data:`POLL_S`: what it returned, and the
+    ITL histogram of the first scrape that counted more than ``loads_done`` asynchronous loads
+    finished (None: none did, or not asked)."""
+    failed: list[BaseException] = []
+    returned: list[T] = []
+
+    def run() -> None:
+        try:
+            returned.append(work())
+        except BaseException as exc:  # re-raised on the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="bench-loader", daemon=True)
+    thread.start()
+    landed = None
+    while thread.is_alive():
+        text = scrape(engine)
+        if (
+            landed is None
+            and loads_done is not None
+            and metric_value(text, LOADS_DONE) > loads_done
+        ):
+            landed = itl_counts(text)
+        thread.join(POLL_S)
+    if failed:
+        raise failed[0]
+    return returned[0], landed
+
+
 def _summary(rounds: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
     def of(path: Callable[[dict[str, Any]], float]) -> dict[str, float]:
         return spread([path(r) for r in rounds]).as_dict()
 
+    in_flight = {}
+    if rounds and all(r["in_flight"] for r in rounds):
+        in_flight = {
+            "in_flight_p99_ms": of(lambda r: r["in_flight"]["p99_ms"]),
+            "in_flight_p99_ratio": of(lambda r: r["in_flight"]["p99_ms"] / r["quiet"]["p99_ms"]),
+        }
     return {
         "rounds": rounds,
         "errors": errors,
@@ -161,6 +220,7 @@ def _summary(rounds: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
         "loading_p50_ms": of(lambda r: r["loading"]["p50_ms"]),
         "loading_p99_ms": of(lambda r: r["loading"]["p99_ms"]),
         "p99_ratio": of(lambda r: r["loading"]["p99_ms"] / r["quiet"]["p99_ms"]),
+        **in_flight,
         "client_quiet_p99_ms": of(lambda r: r["client_quiet"]["p99_ms"]),
         "client_loading_p99_ms": of(lambda r: r["client_loading"]["p99_ms"]),
         "itl_source": "engine",
@@ -188,6 +248,7 @@ def report_rows(results: dict[str, Any]) -> list[tuple[str, ...]]:
             f"{r['quiet_p50_ms']['median']:.0f} / {r['quiet_p99_ms']['median']:.0f}",
             f"{r['loading_p50_ms']['median']:.0f} / {r['loading_p99_ms']['median']:.0f}",
             _fmt(r["p99_ratio"], 1, "x"),
+            _fmt(r["in_flight_p99_ratio"], 1, "x") if "in_flight_p99_ratio" in r else "",
         ))  # fmt: skip
     return rows
 

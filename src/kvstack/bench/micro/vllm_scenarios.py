@@ -91,7 +91,14 @@ def print_rows(scenario: str, results: dict[str, Any]) -> None:
     if scenario == "interference":
         from kvstack.bench.micro.vllm_interference import report_rows
 
-        columns = ["arm", "loader TTFT", "ITL p50/p99 ms, no load", "during load", "p99 ratio"]
+        columns = [
+            "arm",
+            "loader TTFT",
+            "ITL p50/p99 ms, no load",
+            "during load",
+            "p99 ratio",
+            "in flight p99 ratio",
+        ]
         rows = report_rows(results)
     else:
         columns, rows = ["measure", "median [min-max]"], list(_flat_rows(results))
