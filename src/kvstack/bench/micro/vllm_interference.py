@@ -67,6 +67,8 @@ SUFFIX_TOKENS = 16  # the loader's own tokens after its prefix (computed in ever
 POLL_S = 0.05  # scrape interval while a load runs (and in the quiet window before it)
 LOADS_DONE = "kvstack_connector_async_load_seconds_count"  # asynchronous loads finished
 T = TypeVar("T")
+CHUNK_TOKENS = 256
+STORE_TIMEOUT_S = 120.0
 
 
 def interference(
@@ -83,7 +85,7 @@ def interference(
     results: dict[str, Any] = {"prefix_tokens": prefix_tokens, "rounds": rounds}
     with _redis(engines.work) as redis_url:
         tiers = {"file": f"file://{kv_dir}?size=40GiB", "redis": redis_url}
-        _store(engines, prefixes, list(tiers.values()))
+        _store(engines, prefixes, kv_dir, redis_url)
         resident = drop_page_cache(kv_dir)
         results["page_cache_after_drop_bytes"] = resident
         run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len)
@@ -95,7 +97,7 @@ def interference(
             results["vllm-hit"] = run(e, lambda: None)
         for tier, url in tiers.items():
             for mode in ("sync", "async", "auto"):
-                config = connector_config([url], chunk_size=256, load_mode=mode)
+                config = connector_config([url], chunk_size=CHUNK_TOKENS, load_mode=mode)
                 label = f"{tier}/{mode}"
                 before: Callable[[], object] = (
                     (lambda: drop_page_cache(kv_dir)) if tier == "file" else (lambda: None)
@@ -114,12 +116,45 @@ def interference(
     return results
 
 
-def _store(engines: Engines, prefixes: list[list[int]], tiers: list[str]) -> None:
-    """One engine computes every prefix and writes its chunks to every slow tier."""
-    with engines.engine("writer", connector_config(tiers, chunk_size=256)) as writer:
+def _store(
+    engines: Engines, prefixes: list[list[int]], kv_dir: Path, redis_url: str | None
+) -> None:
+    """One engine computes every prefix and writes its chunks to every slow tier, and stays up
+    until they have all landed: vLLM's shutdown kills its worker at once, and tier writes
+    still queued then are lost (a round would then load part of its prefix and recompute the
+    rest)."""
+    tiers = [f"file://{kv_dir}?size=40GiB", *([redis_url] if redis_url else [])]
+    expected = sum(len(p) // CHUNK_TOKENS for p in prefixes)
+    with engines.engine("writer", connector_config(tiers, chunk_size=CHUNK_TOKENS)) as writer:
         for prefix in prefixes:
             completion(writer, prefix, 1)
-    # Stopping the engine flushed its tiers' background writes.
+        deadline = time.monotonic() + STORE_TIMEOUT_S
+        while (held := _stored(kv_dir, redis_url)) < expected:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the writer stored {held} of {expected} chunks in every slow tier "
+                    f"within {STORE_TIMEOUT_S:g} s"
+                )
+            time.sleep(0.2)
+
+
+def _stored(kv_dir: Path, redis_url: str | None) -> int:
+    """Chunks held by the tier holding fewest: chunk files, and Redis keys under the prefix."""
+    held = len(list(kv_dir.rglob("*.kvc")))
+    if redis_url:
+        import urllib.parse
+
+        import redis
+
+        url = urllib.parse.urlsplit(redis_url)  # the bench's own: redis://host:port/db?prefix=
+        prefix = urllib.parse.parse_qs(url.query)["prefix"][0]
+        host, port = url.hostname or "127.0.0.1", url.port or 6379
+        client = redis.Redis(host=host, port=port, db=int(url.path.strip("/") or 0))
+        try:
+            held = min(held, sum(1 for _ in client.scan_iter(match=f"{prefix}*")))
+        finally:
+            client.close()
+    return held
 
 
 class _Arm:
