@@ -171,3 +171,27 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert "1.10×" in row  # in flight: 60.5 / 55
     assert "ITL p99 ≤ 1.25× before: **missed**" in row  # the bar, on the whole window as written
     assert "ITL p99 during 1.00× vLLM's own hit's" in row
+
+
+def test_settle_waits_while_the_machine_is_busy_and_not_after() -> None:
+    """The paired rounds' settling on the real ``/proc/stat``: every CPU spinning for a second
+    holds it back; an idle machine lets it go after one window."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from kvstack.bench.micro.vllm_paired import settle
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("no /proc/stat")
+    spin = "import time\nend = time.time() + 1.0\nwhile time.time() < end: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(os.cpu_count() or 1)]
+    time.sleep(0.2)  # they are spinning
+    try:
+        waited = settle(busy=0.5, window_s=0.1, timeout_s=10.0)
+    finally:
+        for p in spinners:
+            p.wait()
+    assert 0.6 <= waited < 10.0
+    assert settle(busy=0.95, window_s=0.1, timeout_s=10.0) < 1.0
