@@ -34,6 +34,7 @@ from kvstack.bench.demo.engine_metrics import metric_total
 from kvstack.bench.demo.settings import ANSWER_TOKENS, CHUNK_TOKENS
 from kvstack.bench.demo.ui import DemoConsole
 from kvstack.bench.workloads.prompts import HFPromptBuilder, PromptBuilder, SimPromptBuilder
+from kvstack.kv.tiers.file.chunkfile import SUFFIX as CHUNK_FILE_SUFFIX
 
 __all__ = ["Story", "StoryEngines", "StoryPrompts", "make_prompts", "tell_story"]
 
@@ -173,7 +174,7 @@ def _wait_for_chunks(root: Path, count: int, timeout_s: float = 60.0) -> int:
     """Wait until the disk tier holds ``count`` chunks (saves finish after the answer)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        stored = sum(1 for _ in root.rglob("*.kvc")) if root.exists() else 0
+        stored = sum(1 for _ in root.rglob(f"*{CHUNK_FILE_SUFFIX}")) if root.exists() else 0
         if stored >= count or time.monotonic() > deadline:
             return stored
         time.sleep(0.1)

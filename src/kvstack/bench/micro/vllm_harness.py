@@ -26,6 +26,7 @@ import httpx
 
 from kvstack.bench.load.stats import percentile
 from kvstack.bench.micro.shared_tiers import redis_server
+from kvstack.kv.tiers.file.chunkfile import SUFFIX as CHUNK_FILE_SUFFIX
 from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
 
@@ -306,7 +307,7 @@ def _samples(server: VLLMServer | str, name: str) -> Iterator[Any]:
 
 def drop_page_cache(root: Path) -> int:
     """Evict the chunk files from the page cache; returns the bytes still resident."""
-    files = [p for p in root.rglob("*.kvc")]
+    files = [p for p in root.rglob(f"*{CHUNK_FILE_SUFFIX}")]
     for path in files:
         fd = os.open(path, os.O_RDONLY)
         try:

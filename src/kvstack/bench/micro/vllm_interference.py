@@ -58,6 +58,7 @@ from kvstack.bench.micro.vllm_harness import (
 )
 from kvstack.bench.micro.vllm_probe import PromptFactory
 from kvstack.bench.micro.vllm_report_scenarios import INTERFERENCE_ARMS as ARMS
+from kvstack.kv.tiers.file.chunkfile import SUFFIX as CHUNK_FILE_SUFFIX
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 
 __all__ = ["interference"]
@@ -141,7 +142,7 @@ def _store(
 
 def _stored(kv_dir: Path, redis_url: str | None) -> int:
     """Chunks held by the tier holding fewest: chunk files, and Redis keys under the prefix."""
-    held = len(list(kv_dir.rglob("*.kvc")))
+    held = len(list(kv_dir.rglob(f"*{CHUNK_FILE_SUFFIX}")))
     if redis_url:
         import urllib.parse
 
@@ -190,7 +191,7 @@ class _Arm:
                 loader = functools.partial(
                     stream_ttft, engine, prefix + self.prompts(SUFFIX_TOKENS), max_tokens=1
                 )
-                ttft, landed = _poll(engine, loader, metric_value(text, LOADS_DONE))
+                ttft, landed = _poll(engine, loader, _loads_done(text))
                 end = time.perf_counter()
                 load_to = itl_counts(engine)
                 rounds.append({
