@@ -90,10 +90,19 @@ def test_openai_client_streaming_and_not(deployment: Deployment) -> None:
     ]
     assert len(pieces) >= 3  # tokens arrived as separate chunks
     assert {m.id for m in client.models.list().data} == {"toy", "toy-v1", "toy-v2", "toy-canary"}
-    # The router reads the real engines' metrics under their current names.
+    # The router reads the real engines' metrics under their current names. An engine busy
+    # on two shared cores can let one /metrics scrape time out (the router then rightly marks
+    # it stale), so the fresh reading is awaited for a few scrape periods, not assumed.
+    fresh = [
+        f'kvstack_router_backend_metrics_stale{{backend="{e.url}"}} 0.0' for e in deployment.engines
+    ]
+    deadline = time.monotonic() + 15.0
     metrics = httpx.get(f"{deployment.router_url}/metrics").text
-    for engine in deployment.engines:
-        assert f'kvstack_router_backend_metrics_stale{{backend="{engine.url}"}} 0.0' in metrics
+    while not all(line in metrics for line in fresh) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        metrics = httpx.get(f"{deployment.router_url}/metrics").text
+    for engine, line in zip(deployment.engines, fresh, strict=True):
+        assert line in metrics
         assert f'kvstack_router_backend_engine_kv_usage{{backend="{engine.url}"}}' in metrics
 
 
