@@ -23,7 +23,7 @@ from kvstack.kv.tiers.redis.redis_url import parse_redis_url
 from kvstack.kv.tiers.s3.s3_url import parse_s3_url
 from kvstack.router.fleet.discovery.kubernetes import pod_backend
 from kvstack.section import parse_size
-from kvstack.stack.vllm_server import connector_config
+from kvstack.stack.vllm_server import VLLMServerSpec, connector_config
 from tests.deploy.rendered import (
     NAMESPACE,
     assert_index_reachable,
@@ -91,6 +91,22 @@ def test_connector_config_has_the_shape_kvstack_builds(
             extra.pop("tiers"), ROLES[role], extra.pop("chunk_size"), **extra
         )
         assert {k: v for k, v in config.items() if k != "engine_id"} == expected
+
+
+def test_engines_with_the_connector_drain_on_sigterm(manifests: tuple[ChartManifest, ...]) -> None:
+    """vLLM's default shutdown kills the worker before the connector's queued chunk writes
+    land; the chart starts engines as kvstack's own launcher does, within the pod's grace."""
+    launcher = VLLMServerSpec(model="m", port=1)
+    for d in kv_engines(manifests):
+        drain = flag(container(d)["args"], "--shutdown-timeout")
+        assert drain == str(launcher.shutdown_timeout_s)
+        worker = pod_env(d)["VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS"]
+        assert worker == str(launcher.worker_shutdown_timeout_s)
+        grace = d["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace > int(drain) + int(worker)
+    for d in engine_deployments(manifests):
+        if transfer_config(d) is None:
+            assert flag(container(d)["args"], "--shutdown-timeout") is None
 
 
 def test_the_connector_class_is_exported_where_the_config_points() -> None:

@@ -3,14 +3,17 @@
 kvstack must extend vLLM's prefix cache, not replace it: a repeat within vLLM's cache never
 touches kvstack, and once vLLM has lost the blocks kvstack serves them. Under memory pressure
 requests are preempted and resume from kvstack, and clients disconnect mid-stream; answers
-agree with an unhurried run and the connector keeps no state for requests that are gone.
+agree with an unhurried run and the connector keeps no state for requests that are gone. A
+terminated engine writes what it still had queued before it exits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import random
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +33,7 @@ from tests.e2e.engines import (
     start_engine,
     wait_metric,
 )
+from tests.kv.tiers.remote.servers import RedisServer
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -166,3 +170,42 @@ def test_disconnected_clients_leave_no_connector_state(engine: VLLMServer) -> No
     ):
         time.sleep(0.2)
     assert metric_total(engine, "kvstack_connector_tracked_requests") == 0
+
+
+def test_a_terminated_engine_lands_its_queued_writes_before_exit(
+    toy_model: Path, tmp_path: Path
+) -> None:
+    """SIGTERM to the API server alone, as Kubernetes sends it. Redis is paused from before the
+    request until after the signal, so no chunk can be in it when the signal arrives; the
+    launcher starts vLLM draining (vLLM's default aborts and kills the worker at once), and the
+    worker's shutdown writes every queued chunk before the process exits."""
+    redis_server = RedisServer(tmp_path / "redis").start()
+    engine = start_engine(
+        toy_model,
+        tmp_path,
+        "terminated",
+        max_model_len=4096,
+        kv_transfer_config=connector_config(
+            ["cpu://?size=64MiB", f"{redis_server.url}?prefix=t:&timeout_s=30"], chunk_size=256
+        ),
+    )
+    try:
+        assert redis_server.proc is not None and engine.proc is not None
+        os.killpg(redis_server.proc.pid, signal.SIGSTOP)
+        try:
+            complete(engine, prompt(15 * 256, seed=11), max_tokens=1)  # 15 chunks to write
+            os.kill(engine.proc.pid, signal.SIGTERM)
+            time.sleep(1.0)  # the engine is shutting down, its writes still held up
+        finally:
+            os.killpg(redis_server.proc.pid, signal.SIGCONT)
+        engine.proc.wait(timeout=60)
+        import redis
+
+        client = redis.Redis(port=redis_server.port)
+        assert sum(1 for _ in client.scan_iter(match="t:*")) == 15
+        client.close()
+        log = (tmp_path / "terminated.log").read_text()
+        assert "queued chunk writes landed before exit" in log
+    finally:
+        engine.stop()
+        redis_server.kill()

@@ -75,6 +75,14 @@ class ConnectorSettings(Section):
         description="an asynchronous load still running after this long is abandoned; vLLM "
         "recomputes the blocks that had not arrived",
     )
+    shutdown_flush_s: float = Field(
+        default=25.0,
+        gt=0,
+        description="at engine shutdown, how long queued copy-outs and tier writes may take "
+        "to land before the rest is dropped (capped by vLLM's "
+        "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS; vLLM's default --shutdown-timeout 0 kills the "
+        "worker before any of it runs)",
+    )
     load_threads: int = Field(
         default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"
     )

@@ -50,6 +50,10 @@ class VLLMServerSpec:
     max_cpu_loras: int | None = None
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # With a connector, SIGTERM drains: vLLM's default (0, abort) kills the worker before the
+    # connector's queued chunk writes land, so a restarted engine would miss them.
+    shutdown_timeout_s: int = 60
+    worker_shutdown_timeout_s: int = 30  # the worker's exit, the connector's flush within it
 
     def argv(self) -> list[str]:
         args = [
@@ -64,6 +68,8 @@ class VLLMServerSpec:
             args += ["--served-model-name", self.served_model_name]
         if self.kv_transfer_config is not None:
             args += ["--kv-transfer-config", json.dumps(self.kv_transfer_config)]
+            if "--shutdown-timeout" not in self.extra_args:
+                args += ["--shutdown-timeout", str(self.shutdown_timeout_s)]
         if self.kv_events_endpoint:
             events = {
                 "enable_kv_cache_events": True,
@@ -103,6 +109,8 @@ class VLLMServerSpec:
             # that reservation leaves no core for the scheduler: the engine ran several times
             # slower on 2 cores. Reserve what vLLM reserves without a connector.
             env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+            worker_timeout = str(self.worker_shutdown_timeout_s)
+            env.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", worker_timeout)
         env.update(self.env)
         return env
 

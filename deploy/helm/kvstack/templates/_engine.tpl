@@ -136,6 +136,10 @@ Engine helpers. A model entry is merged over `engine` (and its `kv` over `kv`) i
 {{- if $e.kv.enabled }}
 - --kv-transfer-config
 - {{ include "kvstack.kvTransferConfig" . | quote }}
+{{- /* Drain on SIGTERM instead of vLLM's abort, which kills the worker before the connector's
+queued chunk writes land; the pod's grace period (120 s) covers both waits. */}}
+- --shutdown-timeout
+- "60"
 {{- end }}
 {{- if $e.kvEvents.enabled }}
 - --kv-events-config

@@ -27,6 +27,8 @@
   value: "True"
 {{- end }}
 {{- if $e.kv.enabled }}
+- name: VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS  # the connector's flush of queued writes at exit
+  value: "30"
 {{- $redisPassword := include "kvstack.redisPasswordSecret" $root }}
 {{- if and $e.kv.redis $redisPassword }}
 {{ include "kvstack.secretEnv" (dict "name" "KVSTACK_REDIS_PASSWORD" "secret" (fromJson $redisPassword)) }}

@@ -153,6 +153,13 @@ class KVStackConnector(KVConnectorBase_V1, SupportsHMA):
             kv = kv.model_copy(update={"tp_rank": _tp_rank()})
             index, security = index_section(settings), security_section(settings)
             self._worker = WorkerSide(kv, layout, engine_id, settings, modes, sync, index, security)
+            if getattr(vllm_config, "shutdown_timeout", None) == 0 and self._worker.writes_behind:
+                log.warning(
+                    "kvstack connector: vLLM runs with --shutdown-timeout 0, which kills this "
+                    "worker at SIGTERM before its queued chunk writes land (misses after a "
+                    "restart); start vLLM with --shutdown-timeout 60 and "
+                    "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS=30"
+                )
         log.info(
             "kvstack connector (%s, %s): chunk %d tokens, namespace model %s",
             role.name.lower(), transfer.kv_role, kv.chunk_size, kv.model,

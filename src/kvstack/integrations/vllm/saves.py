@@ -93,6 +93,7 @@ class SaveQueue:
         self._counts = SaveCounts()
         self._counts_lock = threading.Lock()
         self._queue: queue.Queue[_Batch | None] = queue.Queue()
+        self._queued_items = 0  # chunks in batches put on the queue, not yet published
         with starting_background_threads():
             self._thread = threading.Thread(target=self._publish_loop, name="kvstack-save")
             self._thread.daemon = True
@@ -117,6 +118,8 @@ class SaveQueue:
             batch.copied.wait()
         else:
             self._copies.append(batch)
+        with self._counts_lock:
+            self._queued_items += len(batch.items)
         self._queue.put(batch)
 
     def _begin(self, paged: PagedKV, step: int, saves: list[RequestIO]) -> _Batch:
@@ -180,6 +183,8 @@ class SaveQueue:
                 finally:
                     if not item.direct:
                         self._staging.release(item.target)
+                    with self._counts_lock:
+                        self._queued_items -= 1
             self._queue.task_done()
 
     def _publish(self, item: _Item, copied: bool) -> None:
@@ -208,6 +213,11 @@ class SaveQueue:
         with self._counts_lock:
             counts, self._counts = self._counts, SaveCounts()
         return counts
+
+    def queued_chunks(self) -> int:
+        """Chunks copied out (or being copied) and not yet handed to the tiers."""
+        with self._counts_lock:
+            return self._queued_items
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every queued batch is published."""

@@ -280,15 +280,56 @@ class WorkerSide:
                     self.stats.set_gauge(f"tier:{tier.name}:{gauge}", value)
 
     def close(self) -> None:
+        """vLLM's worker shutdown: the queued copy-outs and tier writes land first, within
+        :func:`shutdown_budget_s`; what is still queued then is dropped (a later miss, never
+        wrong KV) and the log says how much."""
+        start = time.monotonic()
+        budget = shutdown_budget_s(self.settings.shutdown_flush_s)
+        queued = self._queued_writes()
+        landed = True
         if self.paged is not None:
             self.loader.close()
             self.sync_loader.finish()
-            self.saves.flush()
+            landed = self.saves.flush(budget)
             self.saves.close()
+        remaining = max(0.0, budget - (time.monotonic() - start))
+        landed = self.cache.flush(remaining) and landed
+        if queued:
+            seconds = time.monotonic() - start
+            if landed:
+                log.info("kvstack connector: %d queued chunk writes landed before exit "
+                         "(%.2f s)", queued, seconds)  # fmt: skip
+            else:
+                log.warning("kvstack connector: %d of %d queued chunk writes had not landed "
+                            "after %.1f s at exit and are dropped (raise shutdown_flush_s and "
+                            "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS)",
+                            self._queued_writes(), queued, seconds)  # fmt: skip
         if self.cluster is not None:
             self.cluster.close()
         self.server.close()
         self.cache.close()
+
+    @property
+    def writes_behind(self) -> bool:
+        """Whether some tier writes in the background (anything but the in-memory tier)."""
+        return any(tier is not self._memory_tier for tier in self.cache.tiers)
+
+    def _queued_writes(self) -> int:
+        """Chunks handed to the save path and not yet in every tier they go to."""
+        staged = self.saves.queued_chunks() if self.paged is not None else 0
+        tiers = sum(int(t.stats().extra.get("queued_writes", 0)) for t in self.cache.tiers)
+        return staged + tiers
+
+
+def shutdown_budget_s(configured_s: float) -> float:
+    """How long :meth:`WorkerSide.close` may flush: ``shutdown_flush_s``, but ending a second
+    before vLLM's executor terminates a worker that has not exited
+    (``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``), so the outcome is still logged."""
+    try:
+        import vllm.envs as envs
+    except ImportError:  # unit tests drive the worker side without vLLM
+        return configured_s
+    return max(0.0, min(configured_s, float(envs.VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS) - 1.0))
 
 
 def _memory_tier(cache: KVCache) -> Tier | None:
