@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import os
 import random
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -41,6 +42,7 @@ HITS = "kvstack_connector_hit_tokens_total"
 PREEMPTED = "kvstack_connector_preempted_requests_total"
 RESUMED = "kvstack_connector_resumed_requests_total"
 RECOVERIES = "kvstack_connector_preemption_recoveries_total"
+DEFERRALS = "kvstack_connector_lookup_deferrals_total"
 # Measured between correct runs under different batch compositions: logprob gaps up to ~1e-3.
 LOGPROB_TOL = 0.02
 NEAR_TIE = 0.02
@@ -172,28 +174,41 @@ def test_disconnected_clients_leave_no_connector_state(engine: VLLMServer) -> No
     assert metric_total(engine, "kvstack_connector_tracked_requests") == 0
 
 
-def test_a_terminated_engine_lands_its_queued_writes_before_exit(
+def test_a_stalled_tier_defers_lookups_and_loses_no_writes_at_shutdown(
     toy_model: Path, tmp_path: Path
 ) -> None:
-    """SIGTERM to the API server alone, as Kubernetes sends it. Redis is paused from before the
-    request until after the signal, so no chunk can be in it when the signal arrives; the
-    launcher starts vLLM draining (vLLM's default aborts and kills the worker at once), and the
-    worker's shutdown writes every queued chunk before the process exits."""
+    """Redis stops answering (paused). A new request's lookup waits on it; vLLM's scheduler is
+    told the hit is not known yet (it steps on and asks again) until the lookup times out and
+    the request is computed.
+
+    Then SIGTERM to the API server alone, as Kubernetes sends it, while Redis is still paused,
+    so no chunk can be in it yet: the launcher starts vLLM draining (vLLM's default aborts and
+    kills the worker at once), and the worker's shutdown writes every queued chunk before the
+    process exits."""
     redis_server = RedisServer(tmp_path / "redis").start()
     engine = start_engine(
         toy_model,
         tmp_path,
-        "terminated",
+        "stalled",
         max_model_len=4096,
         kv_transfer_config=connector_config(
             ["cpu://?size=64MiB", f"{redis_server.url}?prefix=t:&timeout_s=30"], chunk_size=256
         ),
+        env={"VLLM_SERVER_DEV_MODE": "1"},
     )
+    tokens = prompt(15 * 256, seed=11)  # 15 chunks to write
     try:
         assert redis_server.proc is not None and engine.proc is not None
+        want = complete(engine, tokens, max_tokens=4)  # stored in both tiers
+        reset_prefix_cache(engine)
         os.killpg(redis_server.proc.pid, signal.SIGSTOP)
         try:
-            complete(engine, prompt(15 * 256, seed=11), max_tokens=1)  # 15 chunks to write
+            deferred = metric_total(engine, DEFERRALS)
+            # A cpu:// hit of the same chunks needs no Redis; a new prompt's lookup does.
+            assert complete(engine, tokens, max_tokens=4) == want
+            fresh = prompt(15 * 256, seed=13)
+            assert complete(engine, fresh, max_tokens=1)
+            assert wait_metric(engine, DEFERRALS, deferred + 1) > deferred
             os.kill(engine.proc.pid, signal.SIGTERM)
             time.sleep(1.0)  # the engine is shutting down, its writes still held up
         finally:
@@ -202,10 +217,12 @@ def test_a_terminated_engine_lands_its_queued_writes_before_exit(
         import redis
 
         client = redis.Redis(port=redis_server.port)
-        assert sum(1 for _ in client.scan_iter(match="t:*")) == 15
+        stored = sum(1 for _ in client.scan_iter(match="t:*"))
         client.close()
-        log = (tmp_path / "terminated.log").read_text()
-        assert "queued chunk writes landed before exit" in log
+        assert stored == 30  # the first prompt's 15 chunks and the fresh one's 15
+        log = (tmp_path / "stalled.log").read_text()
+        landed = re.search(r"(\d+) queued chunk writes landed before exit", log)
+        assert landed and int(landed.group(1)) >= 15, "the fresh prompt's chunks were queued"
     finally:
         engine.stop()
         redis_server.kill()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from types import SimpleNamespace
@@ -25,8 +27,11 @@ class Store:
 
     def __init__(self) -> None:
         self.stored, self.in_memory = 0, 0
+        self.release = threading.Event()  # cleared: answers wait (a slow remote tier)
+        self.release.set()
 
     def __call__(self, keys: Sequence[bytes]) -> PrefixAnswer:
+        self.release.wait()
         found = min(self.stored, len(keys))
         return PrefixAnswer(found, min(self.in_memory, found))
 
@@ -37,6 +42,7 @@ def store() -> Iterator[tuple[Store, str]]:
     answers = Store()
     server = LookupServer(lookup_endpoint(engine, 0), answers)
     yield answers, engine
+    answers.release.set()
     server.close()
 
 
@@ -72,6 +78,15 @@ def output(new: Sequence[Any] = (), cached: Sequence[Cached] = (), **kw: Any) ->
     )  # fmt: skip
 
 
+def matched(s: SchedulerSide, r: Any, computed: int = 0) -> tuple[int, bool]:
+    """``get_num_new_matched_tokens`` as vLLM's scheduler calls it: again each step while the
+    answer is not known (None); here each 'step' is a retry."""
+    deadline = time.monotonic() + 10
+    while (answer := s.num_new_matched_tokens(r, computed))[0] is None:
+        assert time.monotonic() < deadline, "the lookup never answered"
+    return answer[0], answer[1]
+
+
 def new_req(req_id: str, blocks: list[int], computed: int) -> Any:
     return SimpleNamespace(req_id=req_id, block_ids=(blocks,), num_computed_tokens=computed)
 
@@ -84,7 +99,7 @@ def test_a_load_from_a_slow_tier_is_asynchronous_and_starts_next_step(
     s = side(engine, load_mode="async")  # auto would measure this small load within the step
     r = request("a", list(range(30)))
     s.on_new_request(r)
-    assert s.num_new_matched_tokens(r, 0) == (24, True)
+    assert matched(s, r) == (24, True)
     s.after_alloc(r, list(range(100, 108)), 24)
     meta = s.build_meta(output())  # the request is not scheduled while it loads
     assert [io.req_id for io in meta.async_loads] == ["a"] and not meta.loads
@@ -99,11 +114,11 @@ def test_a_load_served_from_memory_stays_in_the_step(store: tuple[Store, str]) -
     s = side(engine)
     r = request("b", list(range(20)))
     s.on_new_request(r)
-    assert s.num_new_matched_tokens(r, 0) == (16, False)
+    assert matched(s, r) == (16, False)
     s.after_alloc(r, [1, 2, 3, 4, 5], 16)
     meta = s.build_meta(output([new_req("b", [1, 2, 3, 4, 5], 16)], scheduled={"b": 4}))
     assert [io.req_id for io in meta.loads] == ["b"] and not meta.async_loads
-    assert side(engine, load_mode="async").num_new_matched_tokens(r, 0) == (0, False)  # untracked
+    assert matched(side(engine, load_mode="async"), r) == (0, False)  # untracked
     s.close()
 
 
@@ -113,7 +128,7 @@ def test_an_abort_before_the_load_starts_sends_an_empty_load(store: tuple[Store,
     s = side(engine, load_mode="async")
     r = request("c", list(range(20)))
     s.on_new_request(r)
-    assert s.num_new_matched_tokens(r, 0)[1] is True
+    assert matched(s, r)[1] is True
     s.after_alloc(r, [1, 2, 3, 4, 5], 16)
     assert s.request_finished(r) is False
     meta = s.build_meta(output())
@@ -129,7 +144,7 @@ def test_generated_chunks_are_saved_and_a_background_copy_holds_the_blocks(
     tokens = list(range(10))
     r = request("d", tokens)
     s.on_new_request(r)
-    assert s.num_new_matched_tokens(r, 0) == (0, False)
+    assert matched(s, r) == (0, False)
     s.after_alloc(r, [1, 2, 3], 0)
     meta = s.build_meta(output([new_req("d", [1, 2, 3], 0)], scheduled={"d": 10}))
     assert [c.chunk for io in meta.saves for c in io.chunks] == [0]
@@ -168,7 +183,7 @@ def test_a_preempted_request_resumes_from_its_saved_chunks(store: tuple[Store, s
     s.build_meta(output(cached=[("p", 12, [4, 5])], scheduled={"p": 9}))
     answers.stored = answers.in_memory = 2  # chunks 0 and 1 were saved
     r.num_preemptions = 1
-    assert s.num_new_matched_tokens(r, 0) == (16, False)
+    assert matched(s, r) == (16, False)
     s.after_alloc(r, [5, 6, 7, 8, 9, 10], 16)
     meta = s.build_meta(output(cached=[("p", 16, [5, 6, 7, 8, 9, 10])], resumed={"p"},
                                scheduled={"p": 5}))  # fmt: skip
@@ -204,7 +219,7 @@ def _measured_load(
     answers.stored, answers.in_memory = 2, 0
     r = request(req_id, list(range(20)))
     s.on_new_request(r)
-    s.num_new_matched_tokens(r, 0)
+    matched(s, r)
     _report_step(s, [LoadSample(req_id, 2, seconds, within)])
     s.request_finished(r)
 
@@ -220,7 +235,7 @@ def _decide_after(
     _measured_load(s, answers, "second", off_s, within=False)
     r = request("next", list(range(20)))
     s.on_new_request(r)
-    return s, s.num_new_matched_tokens(r, 0)
+    return s, matched(s, r)
 
 
 def test_auto_loads_a_slow_tier_within_the_step_once_measured_cheaper_there(
@@ -253,3 +268,55 @@ def test_worker_reports_of_every_rank_keep_the_slowest_load() -> None:
     merged = a.aggregate(b)
     assert merged.copied_through_step == 4 and merged.step == 7
     assert sorted(merged.load_samples) == [("q", 1, 0.002, True), ("r", 2, 0.030, True)]
+
+
+def test_a_slow_lookup_defers_its_request_instead_of_stalling_the_scheduler(
+    store: tuple[Store, str],
+) -> None:
+    answers, engine = store
+    answers.stored, answers.in_memory = 3, 3
+    s = side(engine)
+    r = request("slow", list(range(30)))
+    s.on_new_request(r)
+    answers.release.clear()  # the worker's answer waits on a remote tier
+    started = time.perf_counter()
+    assert s.num_new_matched_tokens(r, 0) == (None, False)  # vLLM: ask again next step
+    assert s.num_new_matched_tokens(r, 0) == (None, False)
+    assert time.perf_counter() - started < 1.0  # a few ms each, not the 2 s lookup timeout
+    answers.release.set()
+    assert matched(s, r) == (24, False)
+    stats = s.take_stats()
+    assert stats is not None and stats.data["lookup_deferrals"] >= 2
+    s.close()
+
+
+def test_an_unanswered_lookup_is_a_miss_after_its_timeout(store: tuple[Store, str]) -> None:
+    answers, engine = store
+    answers.stored = 3
+    s = side(engine, lookup_timeout_s=0.2)
+    r = request("lost", list(range(30)))
+    s.on_new_request(r)
+    answers.release.clear()
+    assert s.num_new_matched_tokens(r, 0) == (None, False)
+    time.sleep(0.3)
+    assert s.num_new_matched_tokens(r, 0) == (0, False)  # computed normally
+    answers.release.set()
+    s.close()
+
+
+def test_a_request_that_goes_away_cancels_its_lookup(store: tuple[Store, str]) -> None:
+    answers, engine = store
+    answers.stored = 3
+    s = side(engine)
+    r = request("gone", list(range(30)))
+    s.on_new_request(r)
+    answers.release.clear()
+    assert s.num_new_matched_tokens(r, 0) == (None, False)
+    assert s.client.outstanding == 1
+    s.request_finished(r)
+    assert s.client.outstanding == 0
+    answers.release.set()  # its late answer is dropped; the next lookup gets its own
+    r2 = request("next", list(range(30)))
+    s.on_new_request(r2)
+    assert matched(s, r2) == (24, False)
+    s.close()

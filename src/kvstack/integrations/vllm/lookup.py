@@ -1,32 +1,45 @@
-"""Scheduler → worker prefix lookups over ZeroMQ.
+"""Scheduler → worker prefix lookups over ZeroMQ, without stalling the scheduler.
 
 vLLM runs the connector's scheduler side and worker side in different processes; the tiers (and
 their in-memory CPU tier) live with the worker, next to the KV tensors. Each worker rank serves
 ``contains_prefix(keys)`` on an IPC socket named after the engine id and rank, answering how
 many leading chunks some tier holds and how many of those the in-memory tier holds (the
 scheduler loads the latter within the step, the rest asynchronously). The scheduler asks every
-rank and takes the shortest hit. A lookup that times out counts as a miss: the request is
-computed normally.
+rank and takes the shortest hit.
+
+A lookup may be slow: the worker's answer can wait on a remote tier (Redis, S3, a peer) or on a
+busy core. vLLM's scheduler calls the connector inline, so a lookup it waited for would hold
+every running request's next step. Instead :meth:`LookupClient.start` sends the question and
+:meth:`LookupClient.poll` waits only briefly (:data:`POLL_WAIT_S`) for the answer; without one
+the connector tells vLLM the hit is not known yet, and vLLM asks again in its next step while
+the others keep stepping. A lookup unanswered after ``timeout_s`` counts as a miss: the request
+is computed normally.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 import msgspec
 import zmq
 
-__all__ = ["LookupClient", "LookupServer", "PrefixAnswer", "lookup_endpoint"]
+__all__ = ["POLL_WAIT_S", "LookupClient", "LookupServer", "PrefixAnswer", "lookup_endpoint"]
 
 log = logging.getLogger(__name__)
 _encode = msgspec.msgpack.Encoder().encode
-_decode_keys = msgspec.msgpack.Decoder(list[bytes]).decode
-_decode_answer = msgspec.msgpack.Decoder(tuple[int, int]).decode
+_decode_question = msgspec.msgpack.Decoder(tuple[int, list[bytes]]).decode
+_decode_answer = msgspec.msgpack.Decoder(tuple[int, int, int]).decode
+# How long one scheduler call waits for an answer before deferring the request a step: a lookup
+# answered from memory or a local disk takes well under a millisecond plus the IPC round trip.
+POLL_WAIT_S = 0.002
 
 
 class PrefixAnswer(NamedTuple):
@@ -64,12 +77,13 @@ class LookupServer:
             if not poller.poll(100):
                 continue
             request = self._sock.recv()
+            lookup_id, found = -1, MISS
             try:
-                found = self._contains_prefix(_decode_keys(request))
+                lookup_id, keys = _decode_question(request)
+                found = self._contains_prefix(keys)
             except Exception:  # a broken lookup is a miss, never a dead server
                 log.exception("kvstack lookup failed")
-                found = MISS
-            self._sock.send(_encode(tuple(found)))
+            self._sock.send(_encode((lookup_id, *found)))
 
     def close(self) -> None:
         self._stop.set()
@@ -79,40 +93,110 @@ class LookupServer:
             Path(self.endpoint[len("ipc://") :]).unlink(missing_ok=True)
 
 
+@dataclass
+class _Pending:
+    deadline: float
+    answers: dict[int, PrefixAnswer] = field(default_factory=dict)  # by rank
+
+
 class LookupClient:
-    """Asks each rank's server; on a timeout the socket is rebuilt and the answer is 0."""
+    """Asks each rank's server; any number of lookups may be outstanding (one DEALER socket
+    per rank, answers matched by lookup id). Not thread-safe: the scheduler's thread owns it."""
 
     def __init__(self, endpoints: Sequence[str], timeout_s: float) -> None:
         self._endpoints = list(endpoints)
-        self._timeout_ms = int(timeout_s * 1000)
+        self._timeout_s = timeout_s
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._socks = [self._connect(e) for e in self._endpoints]
+        self._poller = zmq.Poller()
+        for sock in self._socks:
+            self._poller.register(sock, zmq.POLLIN)
+        self._ids = itertools.count()
+        self._pending: dict[int, _Pending] = {}
 
     def _connect(self, endpoint: str) -> zmq.Socket[bytes]:
-        sock = self._ctx.socket(zmq.REQ)
+        sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVTIMEO, self._timeout_ms)
-        sock.setsockopt(zmq.SNDTIMEO, self._timeout_ms)
         sock.connect(endpoint)
         return sock
 
+    def start(self, keys_by_rank: Sequence[Sequence[bytes]]) -> int:
+        """Send a lookup to every rank; its id for :meth:`poll`."""
+        lookup_id = next(self._ids)
+        self._pending[lookup_id] = _Pending(time.monotonic() + self._timeout_s)
+        for sock, keys in zip(self._socks, keys_by_rank, strict=True):
+            try:  # a DEALER talking to a REP socket sends the empty delimiter frame itself
+                sock.send_multipart([b"", _encode((lookup_id, list(keys)))], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # the worker is gone or far behind: a miss
+                log.warning("kvstack lookup could not be sent (%s); treating as a miss", exc)
+                self._pending[lookup_id].deadline = 0.0
+        return lookup_id
+
+    def poll(self, lookup_id: int, wait_s: float = POLL_WAIT_S) -> PrefixAnswer | None:
+        """The leading chunks stored on every rank, and of those in memory; None while some rank
+        has not answered yet (waiting at most ``wait_s``); a miss once the lookup timed out."""
+        pending = self._pending.get(lookup_id)
+        if pending is None:
+            return MISS
+        until = min(time.monotonic() + wait_s, pending.deadline)
+        while len(pending.answers) < len(self._socks):
+            remaining = until - time.monotonic()
+            self._receive(max(0.0, remaining))
+            if len(pending.answers) == len(self._socks) or time.monotonic() >= until:
+                break
+        if len(pending.answers) == len(self._socks):
+            self._pending.pop(lookup_id, None)
+            return PrefixAnswer(
+                min(a.chunks for a in pending.answers.values()),
+                min(a.in_memory for a in pending.answers.values()),
+            )
+        if time.monotonic() >= pending.deadline:
+            self._pending.pop(lookup_id, None)
+            log.warning(
+                "kvstack lookup unanswered after %.1f s; treating as a miss", self._timeout_s
+            )
+            return MISS
+        return None
+
     def prefix(self, keys_by_rank: Sequence[Sequence[bytes]]) -> PrefixAnswer:
-        """Leading chunks stored on every rank, and of those in memory (a miss on failure)."""
-        found: PrefixAnswer | None = None
-        for rank, keys in enumerate(keys_by_rank):
-            try:
-                self._socks[rank].send(_encode(list(keys)))
-                answer = PrefixAnswer(*_decode_answer(self._socks[rank].recv()))
-            except zmq.ZMQError as exc:
-                log.warning("kvstack lookup on rank %d failed (%s); treating as a miss", rank, exc)
-                self._socks[rank].close()
-                self._socks[rank] = self._connect(self._endpoints[rank])
-                return MISS
-            if found is None:
-                found = answer
-            else:
-                found = PrefixAnswer(min(found[0], answer[0]), min(found[1], answer[1]))
-        return found or MISS
+        """A lookup waited for (up to the timeout)."""
+        answer = self.poll(self.start(keys_by_rank), self._timeout_s)
+        return MISS if answer is None else answer
+
+    def cancel(self, lookup_id: int) -> None:
+        """Forget a lookup (its request went away); a late answer is dropped."""
+        self._pending.pop(lookup_id, None)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._pending)
+
+    def _receive(self, wait_s: float) -> None:
+        """Take every answer that arrives within ``wait_s`` (at least those already here)."""
+        events = dict(self._poller.poll(int(wait_s * 1000)))
+        for rank, sock in enumerate(self._socks):
+            if sock not in events:
+                continue
+            while True:
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    lookup_id, chunks, in_memory = _decode_answer(frames[-1])
+                except (msgspec.DecodeError, IndexError):
+                    log.warning("kvstack lookup: an unreadable answer from rank %d", rank)
+                    continue
+                pending = self._pending.get(lookup_id)
+                if pending is not None:  # else cancelled or timed out: dropped
+                    pending.answers[rank] = PrefixAnswer(chunks, in_memory)
+        self._expire()
+
+    def _expire(self) -> None:
+        """Drop lookups past their deadline by a second whose requests stopped asking."""
+        now = time.monotonic()
+        for lookup_id in [i for i, p in self._pending.items() if now > p.deadline + 1.0]:
+            del self._pending[lookup_id]
 
     def close(self) -> None:
         for sock in self._socks:

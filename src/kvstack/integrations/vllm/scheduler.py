@@ -87,9 +87,11 @@ def namespace_digest(kv: KVConfig, rank: int, adapter: str, salt: str) -> bytes:
 @dataclass
 class _Lookup:
     num_keys: int
-    answer: PrefixAnswer
-    at: float
+    answer: PrefixAnswer | None  # None while the workers have not answered
+    at: float  # when it was asked
     counted: bool = False
+    lookup_id: int = -1
+    started: float = 0.0  # perf_counter at the question, for lookup_seconds
 
 
 @dataclass
@@ -149,7 +151,7 @@ class SchedulerSide:
         """Forget the request; True when its blocks must wait for a running copy-out."""
         req_id = request.request_id
         self.trackers.pop(req_id, None)
-        self.lookups.pop(req_id, None)
+        self._forget_lookup(req_id)
         self.planned.pop(req_id, None)
         self.slow_loads.discard(req_id)
         if req_id in self.starting:  # aborted before its load started: start nothing
@@ -163,11 +165,18 @@ class SchedulerSide:
         return True
 
     # -- lookups ---------------------------------------------------------------------------
-    def num_new_matched_tokens(self, request: Request, num_computed: int) -> tuple[int, bool]:
+    def num_new_matched_tokens(
+        self, request: Request, num_computed: int
+    ) -> tuple[int | None, bool]:
+        """(tokens to load, asynchronously?); (None, False) while the workers' answer is still
+        on its way: vLLM then leaves the request waiting and asks again next step."""
         tracker = self.trackers.get(request.request_id)
         if not self.can_load or tracker is None or not tracker.num_full_chunks:
             return 0, False
         lookup = self._lookup(tracker)
+        if lookup.answer is None:
+            self.stats.add("lookup_deferrals", 1)
+            return None, False
         tracker.mark_stored(lookup.answer.chunks)
         hit = block_aligned_hit(
             lookup.answer.chunks * self.kv.chunk_size, tracker.num_tokens, self.block_size
@@ -201,21 +210,35 @@ class SchedulerSide:
 
     def _lookup(self, tracker: RequestTracker) -> _Lookup:
         now = time.monotonic()
-        keys = tracker.lookup_keys()
         cached = self.lookups.get(tracker.req_id)
+        if cached is not None and cached.answer is None:  # asked in an earlier step
+            return self._answered(cached)
+        keys = tracker.lookup_keys()
         if cached is None or cached.num_keys != len(keys[0]) or now - cached.at > LOOKUP_REUSE_S:
             counted = cached is not None and cached.counted and cached.num_keys == len(keys[0])
-            start = time.perf_counter()
-            cached = _Lookup(len(keys[0]), self.client.prefix(keys), now, counted)
-            self.stats.observe("lookup_seconds", time.perf_counter() - start)
+            started = time.perf_counter()
+            cached = _Lookup(len(keys[0]), None, now, counted, self.client.start(keys), started)
             self.lookups[tracker.req_id] = cached
+            return self._answered(cached)
         return cached
+
+    def _answered(self, lookup: _Lookup) -> _Lookup:
+        lookup.answer = self.client.poll(lookup.lookup_id)
+        if lookup.answer is not None:
+            lookup.at = time.monotonic()  # reused from its answer on, not from its question
+            self.stats.observe("lookup_seconds", time.perf_counter() - lookup.started)
+        return lookup
+
+    def _forget_lookup(self, req_id: str) -> None:
+        lookup = self.lookups.pop(req_id, None)
+        if lookup is not None and lookup.answer is None:
+            self.client.cancel(lookup.lookup_id)
 
     def after_alloc(self, request: Request, block_ids: list[int], num_external: int) -> None:
         req_id = request.request_id
         tracker = self.trackers.get(req_id)
         planned = self.planned.pop(req_id, None)
-        self.lookups.pop(req_id, None)  # a later re-schedule asks afresh
+        self._forget_lookup(req_id)  # a later re-schedule asks afresh
         if tracker is None:
             return
         tracker.set_blocks(block_ids, replace=True)

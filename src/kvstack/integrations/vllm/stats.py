@@ -27,6 +27,8 @@ COUNTERS: dict[str, str] = {
     "load_tokens": "Tokens loaded into the engine's KV cache",
     "load_bytes": "Bytes loaded into the engine's KV cache",
     "load_failed_chunks": "Chunks that failed to load (recomputed instead)",
+    "lookup_deferrals": "Scheduler steps a request waited for its prefix lookup's answer "
+    "(the others kept stepping)",
     "async_loads": "Loads that ran off the step while the request waited (slow tiers)",
     "sync_loads": "Loads done within the step (in-memory chunks, or a load cheaper there)",
     "cost_sync_loads": "Loads from slower tiers done within the step because load_mode=auto "
@@ -45,8 +47,8 @@ COUNTERS: dict[str, str] = {
 }
 HISTOGRAMS: dict[str, str] = {
     "load_seconds": "Time the engine step waited for kvstack loads",
-    "lookup_seconds": "Time the scheduler waited for a worker's prefix lookup (it schedules "
-    "nothing meanwhile)",
+    "lookup_seconds": "Question to answer of the workers' prefix lookups (the scheduler "
+    "waits at most 2 ms per step for one; the request waits the rest)",
     "async_load_seconds": "Start to finish of asynchronous loads (off the step)",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
     "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",
