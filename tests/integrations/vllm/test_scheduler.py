@@ -320,3 +320,19 @@ def test_a_request_that_goes_away_cancels_its_lookup(store: tuple[Store, str]) -
     s.on_new_request(r2)
     assert matched(s, r2) == (24, False)
     s.close()
+
+
+def test_an_oversized_lookup_is_dropped_before_it_is_read(store: tuple[Store, str]) -> None:
+    """libzmq refuses a question over MAX_QUESTION_BYTES; it times out as a miss, and the
+    server keeps answering."""
+    from kvstack.integrations.vllm.lookup import MAX_QUESTION_BYTES, LookupClient
+
+    answers, engine = store
+    answers.stored = 2
+    client = LookupClient([lookup_endpoint(engine, 0)], timeout_s=0.3)
+    huge = client.start([[b"k" * 32] * (MAX_QUESTION_BYTES // 32 + 1)])
+    assert client.poll(huge, wait_s=1.0) == PrefixAnswer(0, 0)
+    client.close()
+    client = LookupClient([lookup_endpoint(engine, 0)], timeout_s=5.0)
+    assert client.poll(client.start([[b"a", b"b", b"c"]]), wait_s=5.0) == PrefixAnswer(2, 0)
+    client.close()

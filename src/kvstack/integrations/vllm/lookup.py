@@ -40,6 +40,11 @@ _decode_answer = msgspec.msgpack.Decoder(tuple[int, int, int]).decode
 # How long one scheduler call waits for an answer before deferring the request a step: a lookup
 # answered from memory or a local disk takes well under a millisecond plus the IPC round trip.
 POLL_WAIT_S = 0.002
+# libzmq drops (and disconnects) anything larger before allocating it. A question is its
+# prompt's chunk keys, ~34 bytes each: 4 MiB is 2M tokens at 16-token chunks. An answer is
+# three integers.
+MAX_QUESTION_BYTES = 4 * 1024 * 1024
+MAX_ANSWER_BYTES = 1024
 
 
 class PrefixAnswer(NamedTuple):
@@ -65,6 +70,7 @@ class LookupServer:
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_QUESTION_BYTES)
         self._sock.bind(endpoint)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kvstack-lookup", daemon=True)
@@ -104,10 +110,9 @@ class LookupClient:
     per rank, answers matched by lookup id). Not thread-safe: the scheduler's thread owns it."""
 
     def __init__(self, endpoints: Sequence[str], timeout_s: float) -> None:
-        self._endpoints = list(endpoints)
         self._timeout_s = timeout_s
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._socks = [self._connect(e) for e in self._endpoints]
+        self._socks = [self._connect(e) for e in endpoints]
         self._poller = zmq.Poller()
         for sock in self._socks:
             self._poller.register(sock, zmq.POLLIN)
@@ -117,6 +122,7 @@ class LookupClient:
     def _connect(self, endpoint: str) -> zmq.Socket[bytes]:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_ANSWER_BYTES)
         sock.connect(endpoint)
         return sock
 
@@ -140,9 +146,8 @@ class LookupClient:
             return MISS
         until = min(time.monotonic() + wait_s, pending.deadline)
         while len(pending.answers) < len(self._socks):
-            remaining = until - time.monotonic()
-            self._receive(max(0.0, remaining))
-            if len(pending.answers) == len(self._socks) or time.monotonic() >= until:
+            self._receive(max(0.0, until - time.monotonic()))
+            if time.monotonic() >= until:
                 break
         if len(pending.answers) == len(self._socks):
             self._pending.pop(lookup_id, None)
@@ -157,11 +162,6 @@ class LookupClient:
             )
             return MISS
         return None
-
-    def prefix(self, keys_by_rank: Sequence[Sequence[bytes]]) -> PrefixAnswer:
-        """A lookup waited for (up to the timeout)."""
-        answer = self.poll(self.start(keys_by_rank), self._timeout_s)
-        return MISS if answer is None else answer
 
     def cancel(self, lookup_id: int) -> None:
         """Forget a lookup (its request went away); a late answer is dropped."""

@@ -88,10 +88,9 @@ def namespace_digest(kv: KVConfig, rank: int, adapter: str, salt: str) -> bytes:
 class _Lookup:
     num_keys: int
     answer: PrefixAnswer | None  # None while the workers have not answered
-    at: float  # when it was asked
+    at: float  # when it was asked; once answered, when the answer came
     counted: bool = False
     lookup_id: int = -1
-    started: float = 0.0  # perf_counter at the question, for lookup_seconds
 
 
 @dataclass
@@ -216,8 +215,7 @@ class SchedulerSide:
         keys = tracker.lookup_keys()
         if cached is None or cached.num_keys != len(keys[0]) or now - cached.at > LOOKUP_REUSE_S:
             counted = cached is not None and cached.counted and cached.num_keys == len(keys[0])
-            started = time.perf_counter()
-            cached = _Lookup(len(keys[0]), None, now, counted, self.client.start(keys), started)
+            cached = _Lookup(len(keys[0]), None, now, counted, self.client.start(keys))
             self.lookups[tracker.req_id] = cached
             return self._answered(cached)
         return cached
@@ -225,8 +223,8 @@ class SchedulerSide:
     def _answered(self, lookup: _Lookup) -> _Lookup:
         lookup.answer = self.client.poll(lookup.lookup_id)
         if lookup.answer is not None:
-            lookup.at = time.monotonic()  # reused from its answer on, not from its question
-            self.stats.observe("lookup_seconds", time.perf_counter() - lookup.started)
+            asked, lookup.at = lookup.at, time.monotonic()  # reused from its answer on
+            self.stats.observe("lookup_seconds", lookup.at - asked)
         return lookup
 
     def _forget_lookup(self, req_id: str) -> None:
