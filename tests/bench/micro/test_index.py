@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from kvstack.bench.micro import index
+from kvstack.bench.micro import index, index_report, index_routers
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 def test_both_backends_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "index.json"
-    argv = ["--entries", "20000", "--lookups", "10", "--rounds", "2", "--no-cluster", "--json",
-            str(out)]  # fmt: skip
+    argv = ["--entries", "20000", "--lookups", "10", "--rounds", "2", "--no-cluster",
+            "--routers", "", "--json", str(out)]  # fmt: skip
     assert index.run(argv) == 0
     document = json.loads(out.read_text())
     assert document["bench"] == "index" and document["command"].startswith("kvstack bench index")
@@ -30,3 +30,34 @@ def test_both_backends_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert set(result["verdict"]) == {"valkey_p99_over_zmq_p99", "valkey_p99_le_zmq_p99",
                                       "valkey_p99_le_5ms"}  # fmt: skip
     assert "valkey" in capsys.readouterr().out
+
+
+def test_several_routers_ask_at_once(tmp_path: Path) -> None:
+    """Two router processes ask every backend at once; each answer is checked in the router
+    process (a wrong answer fails the run), and the figures count both routers' lookups."""
+    out = tmp_path / "index.json"
+    argv = ["--entries", "5000", "--lookups", "4", "--rounds", "2", "--no-cluster",
+            "--routers", "2", "--json", str(out)]  # fmt: skip
+    assert index.run(argv) == 0
+    result = json.loads(out.read_text())["result"]
+    fleet = result["routers"]["2"]
+    assert set(fleet) == {"service_zmq", "valkey"}
+    for figures in fleet.values():
+        assert figures["n"] == 2 * 4 and figures["lookups_per_s"] > 0
+        assert 0 < figures["p50_ms"] <= figures["p99_ms"]
+    assert "routers_2_valkey_p99_over_zmq_p99" in result["verdict"]
+    published = tmp_path / "results" / "index"
+    published.mkdir(parents=True)
+    (published / "index-2026-01-01.json").write_text(out.read_text())
+    table = index_report.render(tmp_path / "results")
+    assert "| 2 | Valkey |" in table and "p99 / ZMQ's" in table
+
+
+def test_router_counts_are_checked() -> None:
+    with pytest.raises(SystemExit):
+        index.run(["--routers", "0"])
+
+
+def test_a_router_that_cannot_ask_fails_the_run_with_its_reason() -> None:
+    with pytest.raises(RuntimeError, match=r"did not start: .*127\.0\.0\.1:9"):
+        index_routers.measure_routers({"valkey": "redis://127.0.0.1:9/0"}, [1], 2, 1)

@@ -1,4 +1,5 @@
-"""``kvstack bench index [--entries 1000000] [--lookups 300] [--rounds 5] [--json FILE]``
+"""``kvstack bench index [--entries 1000000] [--lookups 300] [--rounds 5] [--routers 2,4]
+[--json FILE]``
 
 Both cluster KV index backends in one run, with the same fleet (8 engines with CPU and disk
 tiers, one shared Redis store: :mod:`.index_workload`) and the same 128K-token prompt (512
@@ -18,6 +19,9 @@ thread's CPU time (``cpu_*``) and the server process's CPU per lookup (``server_
 Announce throughput (events per second) is measured for each backend in bulk (65,536-key
 reports, a full sync) and steady (512-event reports of stores and removals). Every lookup
 answer is checked; the bar: the Valkey backend's p99 <= the index server's over ZMQ, and <= 5 ms.
+
+``--routers 2,4`` (the default) then measures lookups from that many routers asking at once,
+each its own process (:mod:`.index_routers`): the chart runs 2 to 8 router replicas.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import msgspec
 
 from kvstack.bench import results
 from kvstack.bench.load.stats import percentile
-from kvstack.bench.micro import index_servers, index_workload
+from kvstack.bench.micro import index_routers, index_servers, index_workload
 from kvstack.bench.micro.index_workload import NUM_INSTANCES, PROMPT_TOKENS, check
 from kvstack.index.backend import IndexBackend, open_index
 from kvstack.index.client import lookup_request
@@ -151,8 +155,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         service, port, zmq_port = stack.enter_context(index_servers.index_server())
         valkey_ports: dict[str, list[int]] = {}
+        urls = {"service_zmq": zmq_url("127.0.0.1", zmq_port)}
         clients: dict[str, tuple[IndexBackend, list[int]]] = {
-            "service_zmq": (open_index(zmq_url("127.0.0.1", zmq_port), 60), [service.pid]),
+            "service_zmq": (open_index(urls["service_zmq"], 60), [service.pid]),
             "service_http": (open_index(f"http://127.0.0.1:{port}", 60), [service.pid]),
         }
         for name, opener in (("valkey", index_servers.redis_server),
@@ -161,8 +166,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             procs, url, ports = stack.enter_context(opener())
             joiner = "&" if "?" in url else "?"
-            index_url = f"{url}{joiner}prefix=bench:&instance_ttl_s=3600"  # as the server's
-            clients[name] = (open_index(index_url, 60), [p.pid for p in procs])
+            urls[name] = f"{url}{joiner}prefix=bench:&instance_ttl_s=3600"  # as the server's
+            clients[name] = (open_index(urls[name], 60), [p.pid for p in procs])
             valkey_ports[name] = ports
         for client, _ in clients.values():
             stack.callback(client.close)
@@ -179,6 +184,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         json_arm = Arm("service_http_json", _json_lookup(http), [service.pid])
         json_arm.measure(max(args.lookups // 10, 10))
         arms.append(json_arm)
+        if args.routers:
+            result["routers"] = index_routers.measure_routers(
+                urls, args.routers, args.lookups, args.rounds
+            )
     result["lookup_128k"] = {arm.name: arm.figures() for arm in arms}
     return result
 
@@ -197,11 +206,15 @@ def _verdict(result: dict[str, Any]) -> dict[str, Any]:
     figures = result["lookup_128k"]
     zmq_p99 = figures["service_zmq"]["p99_ms"]
     valkey_p99 = figures["valkey"]["p99_ms"]
-    return {
+    verdict = {
         "valkey_p99_over_zmq_p99": valkey_p99 / zmq_p99,
         "valkey_p99_le_zmq_p99": valkey_p99 <= zmq_p99,
         "valkey_p99_le_5ms": valkey_p99 <= BAR_MS,
     }
+    for count, arms in result.get("routers", {}).items():
+        ratio = arms["valkey"]["p99_ms"] / arms["service_zmq"]["p99_ms"]
+        verdict[f"routers_{count}_valkey_p99_over_zmq_p99"] = ratio
+    return verdict
 
 
 def report(result: dict[str, Any]) -> None:
@@ -218,6 +231,13 @@ def report(result: dict[str, Any]) -> None:
     print(f"  bar: valkey p99 <= service_zmq p99 ({v['valkey_p99_over_zmq_p99']:.2f}x): "
           f"{'PASS' if v['valkey_p99_le_zmq_p99'] else 'FAIL'}; valkey p99 <= {BAR_MS} ms: "
           f"{'PASS' if v['valkey_p99_le_5ms'] else 'FAIL'}")  # fmt: skip
+    for count, arms in result.get("routers", {}).items():
+        print(f"{count} routers asking at once (one process each, {os.cpu_count()} CPUs):")
+        for name, f in arms.items():
+            print(f"  {name:<18} p50 {f['p50_ms']:6.2f} ms  p99 {f['p99_ms']:6.2f} ms  "
+                  f"{f['lookups_per_s']:7,.0f} lookups/s  n={f['n']}")  # fmt: skip
+        ratio = v[f"routers_{count}_valkey_p99_over_zmq_p99"]
+        print(f"  valkey p99 / service_zmq p99: {ratio:.2f}x")
     print("announce throughput (events/s; CPU per event: client / server):")
     for name, f in result["announce"].items():
         print(f"  {name:<18} bulk {f['bulk_events_per_s']:>9,.0f}/s "
@@ -227,6 +247,13 @@ def report(result: dict[str, Any]) -> None:
               f"{f['steady_server_cpu_us_per_event']:.2f} us)")  # fmt: skip
     print("memory for the index (MB): " + ", ".join(
         f"{name} {mb:,.0f}" for name, mb in result["memory_mb"].items()))  # fmt: skip
+
+
+def _counts(text: str) -> list[int]:
+    counts = [int(part) for part in text.split(",") if part.strip()]
+    if any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"router counts must be >= 1, got {text!r}")
+    return counts
 
 
 def run(argv: list[str]) -> int:
@@ -239,6 +266,12 @@ def run(argv: list[str]) -> int:
     parser.add_argument("--entries", type=int, default=1_000_000, help="chunks indexed")
     parser.add_argument("--lookups", type=int, default=300, help="lookups per arm")
     parser.add_argument("--rounds", type=int, default=5, help="rounds alternating the arms")
+    parser.add_argument(
+        "--routers",
+        type=_counts,
+        default=[2, 4],
+        help="router counts asking at once, comma-separated ('' for none)",
+    )
     parser.add_argument("--no-cluster", action="store_true", help="skip the Redis Cluster arm")
     parser.add_argument("--json", type=Path, help="write the figures here")
     args = parser.parse_args(argv)

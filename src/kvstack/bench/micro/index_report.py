@@ -79,6 +79,7 @@ def render(results: Path) -> str:
                 rows,
                 "lrrrrrl",
             ),
+            *_routers(res),
             "",
             "Announces (events/s, bulk load and steady state):",
             "",
@@ -89,6 +90,33 @@ def render(results: Path) -> str:
             ),
         ]
     )
+
+
+def _routers(res: dict[str, object]) -> list[str]:
+    """The several-routers table (``--routers``), where the result has one."""
+    fleet = res.get("routers")
+    if not isinstance(fleet, dict) or not fleet:
+        return []
+    rows = []
+    for count, arms in fleet.items():
+        zmq = arms["service_zmq"]
+        for name, f in arms.items():
+            ratio = "" if name == "service_zmq" else f"{f['p99_ms'] / zmq['p99_ms']:.2f}×"
+            rate = f"{f['lookups_per_s']:,.0f}"
+            cells = (f"{f['p50_ms']:.2f}", f"{f['p99_ms']:.2f}", ratio, rate)
+            rows.append((count, _NAMES.get(name, name), *cells, f["n"]))
+    return [
+        "",
+        "The same lookup from several routers asking at once, each its own process on this "
+        "machine (the chart runs 2 to 8 router replicas; here they share its cores with the "
+        "index, so what a router's own CPU buys in a fleet does not show):",
+        "",
+        table(
+            ("routers", "backend", "p50 ms", "p99 ms", "p99 / ZMQ's", "lookups/s, all", "lookups"),
+            rows,
+            "llrrrrr",
+        ),
+    ]
 
 
 def headline(results: Path) -> list[tuple[str, str, str]]:
