@@ -242,7 +242,13 @@ def run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="kvstack bench vllm", description=__doc__.split("\n")[0])
     parser.add_argument("--json", help="write the result file here (default: bench-results/vllm/)")
     parser.add_argument("--quick", action="store_true", help="tiny model, short prompts, 1 rep")
-    parser.add_argument("--prompt-tokens", type=int, default=None)
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="prompt length (default 8192, 2048 with --quick); the overhead and pipelining "
+        "scenarios use a quarter of it, at least 256",
+    )
     parser.add_argument(
         "--reps",
         type=int,
