@@ -14,12 +14,18 @@ every running request's next step. Instead :meth:`LookupClient.start` sends the 
 the connector tells vLLM the hit is not known yet, and vLLM asks again in its next step while
 the others keep stepping. A lookup unanswered after ``timeout_s`` counts as a miss: the request
 is computed normally.
+
+The sockets live in a directory only the engine's user may enter (``<tmp>/kvstack-<uid>``,
+mode 0700, checked at every start), and each socket file is made owner-only once bound: another
+local user can neither ask a worker about its prompts nor plant a socket the scheduler would ask.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
+import stat
 import tempfile
 import threading
 import time
@@ -30,6 +36,8 @@ from typing import NamedTuple
 
 import msgspec
 import zmq
+
+from kvstack.errors import ConfigError
 
 __all__ = ["POLL_WAIT_S", "LookupClient", "LookupServer", "PrefixAnswer", "lookup_endpoint"]
 
@@ -55,8 +63,25 @@ class PrefixAnswer(NamedTuple):
 MISS = PrefixAnswer(0, 0)
 
 
+def socket_dir() -> Path:
+    """``<tmp>/kvstack-<uid>``, created mode 0700; refused unless this user owns it, alone."""
+    path = Path(tempfile.gettempdir()) / f"kvstack-{os.getuid()}"
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ConfigError(
+            f"the connector's lookup socket directory {path} must be a directory owned by uid "
+            f"{os.getuid()} with mode 0700 (it is uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}); remove it or fix its owner and mode"
+        )
+    return path
+
+
 def lookup_endpoint(engine_id: str, rank: int) -> str:
-    return f"ipc://{Path(tempfile.gettempdir()) / f'kvstack-{engine_id[:36]}-{rank}.sock'}"
+    return f"ipc://{socket_dir() / f'{engine_id[:36]}-{rank}.sock'}"
 
 
 class LookupServer:
@@ -72,6 +97,8 @@ class LookupServer:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_QUESTION_BYTES)
         self._sock.bind(endpoint)
+        if endpoint.startswith("ipc://"):
+            os.chmod(endpoint[len("ipc://") :], 0o600)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kvstack-lookup", daemon=True)
         self._thread.start()
