@@ -36,6 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -293,14 +294,25 @@ class KVCache:
         for tier in self.tiers:
             tier.check_integrity()
 
-    def close(self) -> None:
-        """Finish background writes (up to 30 s per tier) and close every tier. Idempotent."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Finish background writes and close every tier. Idempotent.
+
+        Without ``timeout_s`` each tier gets up to 30 s. With it, all tiers share that
+        deadline, and writes not started by then are dropped, so that closing waits at most for
+        writes already under way (each bounded by its tier's own timeout)."""
         if self._closed:
             return
         self._closed = True
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for tier in self.tiers:
             try:
-                tier.flush(timeout_s=30)
+                if deadline is None:
+                    tier.flush(timeout_s=30)
+                elif not tier.flush(max(0.0, deadline - time.monotonic())):
+                    dropped = tier.drop_queued()
+                    if dropped:
+                        log.warning("KV tier %s: %d queued writes dropped at close (out of "
+                                    "time)", tier.name, dropped)  # fmt: skip
                 tier.close()
             except Exception:  # close every tier even if one fails
                 log.exception("closing KV tier %s failed", tier.name)

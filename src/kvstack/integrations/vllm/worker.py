@@ -307,7 +307,9 @@ class WorkerSide:
         if self.cluster is not None:
             self.cluster.close()
         self.server.close()
-        self.cache.close()
+        # Out of budget, writes not started yet are dropped: closing waits only for writes
+        # already under way, not another 30 s per tier, so vLLM need not kill the worker.
+        self.cache.close(timeout_s=max(0.0, budget - (time.monotonic() - start)))
 
     @property
     def writes_behind(self) -> bool:

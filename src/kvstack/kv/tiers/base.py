@@ -185,6 +185,10 @@ class Tier(ABC):
         """Wait until queued background writes are done; False on timeout."""
         return True
 
+    def drop_queued(self) -> int:
+        """Forget background writes not started yet (a shutdown out of time); how many."""
+        return 0
+
     def check_integrity(self) -> None:  # noqa: B027 - optional hook
         """Raise AssertionError if internal bookkeeping is inconsistent."""
 

@@ -143,6 +143,17 @@ class BackgroundWriter:
             self._cond.notify_all()
             return CancelOutcome.DEQUEUED
 
+    def drop_queued(self) -> int:
+        """Forget every chunk still waiting (writes already started finish); how many."""
+        with self._cond:
+            dropped = list(self._queue)
+            for key in dropped:
+                del self._pending[key]
+            self._queue.clear()
+            self._queued_bytes = 0
+            self._cond.notify_all()
+        return len(dropped)
+
     def state(self) -> QueueState:
         with self._cond:
             waiting = len(self._queue)
@@ -171,14 +182,9 @@ class BackgroundWriter:
         self.flush(timeout_s)
         with self._cond:
             self._closed = True
-            dropped = list(self._queue)
-            for key in dropped:
-                del self._pending[key]
-            self._queue.clear()
-            self._queued_bytes = 0
-            self._cond.notify_all()
+        dropped = self.drop_queued()
         if dropped:
-            log.warning("KV tier %s: %d queued writes dropped at close", self.name, len(dropped))
+            log.warning("KV tier %s: %d queued writes dropped at close", self.name, dropped)
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout_s)

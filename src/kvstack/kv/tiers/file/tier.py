@@ -325,6 +325,9 @@ class FileTier(Tier):
     def flush(self, timeout_s: float | None = None) -> bool:
         return self._writer.flush(timeout_s)
 
+    def drop_queued(self) -> int:
+        return self._writer.drop_queued()
+
     def close(self) -> None:
         self._writer.close(timeout_s=None)  # a local disk: write everything queued
 

@@ -236,6 +236,9 @@ class RedisTier(QueuedRemoteTier):
                 except ValueError:
                     continue
 
+    def drop_queued(self) -> int:
+        return self._writer.drop_queued()
+
     def close(self) -> None:
         self._writer.close()
         self._pool.shutdown(wait=True)
