@@ -51,6 +51,7 @@ def test_several_routers_ask_at_once(tmp_path: Path) -> None:
     (published / "index-2026-01-01.json").write_text(out.read_text())
     table = index_report.render(tmp_path / "results")
     assert "| 2 | Valkey |" in table and "p99 / ZMQ's" in table
+    assert "p99 ≤ ZMQ's: " in table and "(rounds: " in table  # each round's ratio, too
 
 
 def test_router_counts_are_checked() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from kvstack.bench.report import stale_line, table, target
 from kvstack.bench.results import newest
@@ -33,6 +34,7 @@ def render(results: Path) -> str:
         if name == "valkey":
             cells = (
                 target(f["p99_ms"] <= zmq, "p99 ≤ ZMQ's")
+                + _round_ratios(f, lookups["service_zmq"])
                 + "; "
                 + target(f["p99_ms"] <= bar, f"≤ {bar:g} ms")
             )
@@ -90,6 +92,16 @@ def render(results: Path) -> str:
             ),
         ]
     )
+
+
+def _round_ratios(valkey: dict[str, Any], zmq: dict[str, Any]) -> str:
+    """Valkey's p99 over ZMQ's in each round (the rounds alternate the arms), as a range: how
+    far one run's verdict is from a tie."""
+    pairs = list(zip(valkey.get("round_p99_ms", []), zmq.get("round_p99_ms", []), strict=False))
+    ratios = [v / z for v, z in pairs if z > 0]
+    if len(ratios) < 2:
+        return ""
+    return f" (rounds: {min(ratios):.2f}×–{max(ratios):.2f}×)"
 
 
 def _routers(res: dict[str, object]) -> list[str]:
