@@ -91,14 +91,15 @@ class LookupServer:
         self, endpoint: str, contains_prefix: Callable[[Sequence[bytes]], PrefixAnswer]
     ) -> None:
         self.endpoint = endpoint
+        self._path = Path(endpoint[len("ipc://") :]) if endpoint.startswith("ipc://") else None
         self._contains_prefix = contains_prefix
         self._ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_QUESTION_BYTES)
         self._sock.bind(endpoint)
-        if endpoint.startswith("ipc://"):
-            os.chmod(endpoint[len("ipc://") :], 0o600)
+        if self._path is not None:
+            self._path.chmod(0o600)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="kvstack-lookup", daemon=True)
         self._thread.start()
@@ -122,8 +123,8 @@ class LookupServer:
         self._stop.set()
         self._thread.join(timeout=2)
         self._sock.close()
-        if self.endpoint.startswith("ipc://"):
-            Path(self.endpoint[len("ipc://") :]).unlink(missing_ok=True)
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
 
 
 @dataclass

@@ -146,12 +146,15 @@ class BackgroundWriter:
     def drop_queued(self) -> int:
         """Forget every chunk still waiting (writes already started finish); how many."""
         with self._cond:
-            dropped = list(self._queue)
-            for key in dropped:
-                del self._pending[key]
-            self._queue.clear()
-            self._queued_bytes = 0
-            self._cond.notify_all()
+            return self._drop_queued_locked()
+
+    def _drop_queued_locked(self) -> int:
+        dropped = list(self._queue)
+        for key in dropped:
+            del self._pending[key]
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._cond.notify_all()
         return len(dropped)
 
     def state(self) -> QueueState:
@@ -182,7 +185,7 @@ class BackgroundWriter:
         self.flush(timeout_s)
         with self._cond:
             self._closed = True
-        dropped = self.drop_queued()
+            dropped = self._drop_queued_locked()
         if dropped:
             log.warning("KV tier %s: %d queued writes dropped at close", self.name, dropped)
         for thread in self._threads:

@@ -236,9 +236,6 @@ class RedisTier(QueuedRemoteTier):
                 except ValueError:
                     continue
 
-    def drop_queued(self) -> int:
-        return self._writer.drop_queued()
-
     def close(self) -> None:
         self._writer.close()
         self._pool.shutdown(wait=True)

@@ -154,6 +154,9 @@ class QueuedRemoteTier(Tier):
     def flush(self, timeout_s: float | None = None) -> bool:
         return self._writer.flush(timeout_s)
 
+    def drop_queued(self) -> int:
+        return self._writer.drop_queued()
+
     def stats(self) -> TierStats:
         stats = self._metrics.snapshot(0, 0, 0)
         stats.extra["queued_writes"] = float(self._writer.num_queued)

@@ -254,9 +254,6 @@ class S3Tier(QueuedRemoteTier):
                     except ValueError:
                         continue
 
-    def drop_queued(self) -> int:
-        return self._writer.drop_queued()
-
     def close(self) -> None:
         self._writer.close()
         self._keys_pool.shutdown(wait=True)
