@@ -20,6 +20,7 @@ from kvstack.index.client import lookup_request
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, LocateReply, TierInfo
 from kvstack.index.runner import IndexServerThread
+from kvstack.index.valkey.client import ValkeyIndex
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from tests.conftest import free_port
 from tests.index.conftest import valkey_index_url
@@ -61,6 +62,7 @@ class Twin:
     """One client per backend and each engine's epoch on each."""
 
     clients: dict[str, IndexBackend]
+    readers: dict[str, IndexBackend] = field(default_factory=dict)  # asked, never reported to
     epochs: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def report(self, batch: AnnounceBatch) -> None:
@@ -73,7 +75,7 @@ class Twin:
     def same_lookup(self, **request: object) -> dict[str, object]:
         answers = {
             name: msgspec.to_builtins(client.lookup(lookup_request(**request)))  # type: ignore[arg-type]
-            for name, client in self.clients.items()
+            for name, client in {**self.clients, **self.readers}.items()
         }
         first, *_ = answers.values()
         for name, answer in answers.items():
@@ -81,7 +83,8 @@ class Twin:
         return first  # type: ignore[no-any-return]
 
     def same_locate(self, keys: list[ChunkKey], exclude: str) -> list[list[str]]:
-        answers = {n: _holders(c.locate(keys, exclude)) for n, c in self.clients.items()}
+        asked = {**self.clients, **self.readers}
+        answers = {n: _holders(c.locate(keys, exclude)) for n, c in asked.items()}
         first, *_ = answers.values()
         for name, answer in answers.items():
             assert answer == first, f"{name} locates {answer}, expected {first}"
@@ -98,8 +101,14 @@ def twin(valkey_url: str) -> Iterator[Twin]:
     server = IndexServerThread(IndexServiceConfig(port=free_port())).start()
     clients = {"service": open_index(server.url), "valkey": open_index(valkey_url)}
     assert backend_name(valkey_url) == "valkey" and backend_name(server.url) == "service"
-    yield Twin(clients)
-    for client in clients.values():
+    readers: dict[str, IndexBackend] = {}
+    if "cluster=true" not in valkey_url:
+        # Early MGETs of 3 keys: the prompts' 11 chunks go in 4 segments (the default's 128
+        # send them in one; a cluster sends none).
+        readers["valkey-3-ahead"] = ahead = ValkeyIndex(valkey_url)
+        ahead._reader.send_ahead = 3
+    yield Twin(clients, readers)
+    for client in {**clients, **readers}.values():
         client.close()
     server.stop()
 

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from kvstack.kv.keys import KEY_BYTES, Namespace, chunk_keys, chunk_spans, token_bytes
+from kvstack.kv.keys import (
+    KEY_BYTES,
+    Namespace,
+    chunk_keys,
+    chunk_spans,
+    iter_chunk_keys,
+    token_bytes,
+)
 
 NS = Namespace("llama-3-8b@abc123", "bfloat16")
 TOKENS = [(i * 7919) % 128_000 for i in range(1000)]
@@ -153,6 +160,18 @@ def test_token_containers_agree() -> None:
 def test_bad_tokens_raise_value_error(tokens: object, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         chunk_keys(tokens, NS, 4)
+
+
+def test_keys_one_at_a_time_are_the_same_keys() -> None:
+    tokens = list(range(37))
+    for partial in (False, True):
+        stream = iter_chunk_keys(tokens, NS, 4, partial)
+        assert list(stream) == chunk_keys(tokens, NS, 4, partial)
+    assert len(chunk_keys(tokens, NS, 4, partial=True)) == 10
+    with pytest.raises(ValueError, match="-1 is out of range"):
+        iter_chunk_keys([1, -1], NS, 4)  # at the call, before a key is taken
+    with pytest.raises(ValueError, match="16 bytes"):
+        iter_chunk_keys([1, 2], b"short", 1)
 
 
 def test_bad_sizes_raise() -> None:

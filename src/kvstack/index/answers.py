@@ -13,7 +13,7 @@ one round trip between them::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from kvstack.index import keying
@@ -30,6 +30,7 @@ from kvstack.index.store import Location
 from kvstack.kv.keys import ChunkKey
 
 __all__ = [
+    "ChainStream",
     "InstanceView",
     "LookupPlan",
     "ProfileChain",
@@ -37,6 +38,7 @@ __all__ = [
     "answer_lookup",
     "lookup_groups",
     "plan_lookup",
+    "plan_lookup_streams",
 ]
 
 
@@ -79,6 +81,24 @@ def plan_lookup(
     instances: Iterable[InstanceView], request: LookupRequest, max_tokens: int
 ) -> LookupPlan:
     """The engines a lookup asks about, grouped by key profile, with each group's key chain."""
+    num_tokens, streams = plan_lookup_streams(instances, request, max_tokens)
+    chains = [ProfileChain(s.profile, s.members, list(s.keys)) for s in streams]
+    return LookupPlan(num_tokens, chains)
+
+
+class ChainStream(NamedTuple):
+    """A :class:`ProfileChain` whose keys are hashed as they are taken."""
+
+    profile: KeyProfile
+    members: list[InstanceView]
+    keys: Iterator[ChunkKey]
+
+
+def plan_lookup_streams(
+    instances: Iterable[InstanceView], request: LookupRequest, max_tokens: int
+) -> tuple[int | None, list[ChainStream]]:
+    """:func:`plan_lookup` with each key chain left to hash as it is read: the number of
+    tokens (None for chunk hashes) and the streams. Bad input raises here."""
     tokens = keying.request_tokens(request, max_tokens)
     candidates = [
         i for i in instances if not request.model or request.namespace or i.serves(request.model)
@@ -87,11 +107,11 @@ def plan_lookup(
     for instance in candidates:
         profile = keying.effective_profile(instance.profile, request)
         by_profile.setdefault(profile, []).append(instance)
-    chains = [
-        ProfileChain(profile, members, keying.lookup_keys(profile, request, tokens))
+    streams = [
+        ChainStream(profile, members, keying.iter_lookup_keys(profile, request, tokens))
         for profile, members in by_profile.items()
     ]
-    return LookupPlan(None if tokens is None else len(tokens), chains)
+    return (None if tokens is None else len(tokens)), streams
 
 
 def lookup_groups(members: Sequence[InstanceView]) -> dict[str, list[Location]]:

@@ -9,15 +9,22 @@ tokens, adapter and salt (and may override the rest). TP rank 0's keys stand for
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from kvstack.errors import ConfigError
 from kvstack.index.protocol import KeyProfile, LookupRequest
-from kvstack.kv.keys import KEY_BYTES, ChunkKey, Namespace, chunk_keys
+from kvstack.kv.keys import KEY_BYTES, ChunkKey, Namespace, iter_chunk_keys
 
-__all__ = ["effective_profile", "lookup_keys", "request_tokens", "tokens_matched"]
+__all__ = [
+    "effective_profile",
+    "iter_lookup_keys",
+    "lookup_keys",
+    "request_tokens",
+    "tokens_matched",
+]
 
 
 def effective_profile(profile: KeyProfile, request: LookupRequest) -> KeyProfile:
@@ -51,8 +58,15 @@ def request_tokens(request: LookupRequest, max_tokens: int) -> Any:
 
 def lookup_keys(profile: KeyProfile, request: LookupRequest, tokens: Any) -> list[ChunkKey]:
     """The chain of keys the request names under ``profile``."""
+    return list(iter_lookup_keys(profile, request, tokens))
+
+
+def iter_lookup_keys(
+    profile: KeyProfile, request: LookupRequest, tokens: Any
+) -> Iterator[ChunkKey]:
+    """:func:`lookup_keys` one key at a time (hashed as they are taken); bad input raises here."""
     if tokens is None:
-        return _hex_keys(request.chunk_hashes or [])
+        return iter(_hex_keys(request.chunk_hashes or []))
     if request.namespace:
         seed = _hex_key(request.namespace, "namespace")
     else:
@@ -65,7 +79,7 @@ def lookup_keys(profile: KeyProfile, request: LookupRequest, tokens: Any) -> lis
             request.adapter,
             request.salt,
         ).digest()
-    return chunk_keys(tokens, seed, profile.chunk_size, profile.partial)
+    return iter_chunk_keys(tokens, seed, profile.chunk_size, profile.partial)
 
 
 def tokens_matched(num_chunks: int, chunk_size: int, num_tokens: int | None) -> int:

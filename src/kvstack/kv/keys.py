@@ -25,7 +25,7 @@ import array
 import hashlib
 import struct
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -35,6 +35,7 @@ __all__ = [
     "Namespace",
     "chunk_keys",
     "chunk_spans",
+    "iter_chunk_keys",
     "token_bytes",
 ]
 
@@ -140,15 +141,30 @@ def chunk_keys(
     partial: bool = False,
 ) -> list[ChunkKey]:
     """Keys of the chunks of ``tokens`` (full chunks; plus the trailing partial one if asked)."""
+    return list(iter_chunk_keys(tokens, namespace, chunk_size, partial))
+
+
+def iter_chunk_keys(
+    tokens: Sequence[int] | Any,
+    namespace: Namespace | bytes,
+    chunk_size: int,
+    partial: bool = False,
+) -> Iterator[ChunkKey]:
+    """:func:`chunk_keys` one key at a time, so that a caller can use the first keys while the
+    rest are hashed (the Valkey index sends a prompt's first lookups before hashing its end).
+    Bad tokens or a bad namespace raise here, before the first key."""
     raw = token_bytes(tokens)
     prev = namespace.digest() if isinstance(namespace, Namespace) else bytes(namespace)
     if len(prev) != KEY_BYTES:
         raise ValueError(f"a namespace digest is {KEY_BYTES} bytes, got {len(prev)}")
-    keys: list[ChunkKey] = []
-    for start, end in chunk_spans(len(raw) // _TOKEN_BYTES, chunk_size, partial):
-        h = hashlib.blake2b(prev, digest_size=KEY_BYTES)
-        h.update(_LEN.pack(end - start))
+    return _key_chain(raw, prev, chunk_spans(len(raw) // _TOKEN_BYTES, chunk_size, partial))
+
+
+def _key_chain(raw: memoryview, prev: bytes, spans: list[tuple[int, int]]) -> Iterator[ChunkKey]:
+    blake2b, pack = hashlib.blake2b, _LEN.pack
+    for start, end in spans:
+        h = blake2b(prev, digest_size=KEY_BYTES)
+        h.update(pack(end - start))
         h.update(raw[start * _TOKEN_BYTES : end * _TOKEN_BYTES])
         prev = h.digest()
-        keys.append(ChunkKey(prev))
-    return keys
+        yield ChunkKey(prev)

@@ -8,8 +8,8 @@ kvstack process of its own. Its answers are the index server's (:mod:`kvstack.in
 - :mod:`~kvstack.index.valkey.layout` — key names, hash-tagged buckets, holder bitmaps.
 - :mod:`~kvstack.index.valkey.scripts` — the Lua scripts (registry updates, entry writes, upkeep).
 - :mod:`~kvstack.index.valkey.registry` — the registry as readers see it; live engines.
-- :mod:`~kvstack.index.valkey.reads` — lookup and locate flows (one round trip).
+- :mod:`~kvstack.index.valkey.reads` — lookup and locate flows (one round trip, sent ahead).
 - :mod:`~kvstack.index.valkey.writes` — report and upkeep flows.
-- :mod:`~kvstack.index.valkey.connect` — redis-py clients, pipelines, error mapping, drivers.
+- :mod:`~kvstack.index.valkey.connect` — redis-py clients, pipelines, errors, drivers.
 - :mod:`~kvstack.index.valkey.client` — ``ValkeyIndex`` and ``AsyncValkeyIndex``.
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from kvstack.index.protocol import (
@@ -28,13 +28,15 @@ from kvstack.index.valkey.connect import (
     connect,
     connect_async,
     drive,
+    drive_ahead,
+    drive_ahead_async,
     drive_async,
     index_error,
     run_async,
     run_sync,
 )
 from kvstack.index.valkey.layout import KeyLayout
-from kvstack.index.valkey.reads import Command, Flow, IndexReader
+from kvstack.index.valkey.reads import SEND_AHEAD, Command, Flow, IndexReader
 from kvstack.index.valkey.url import parse_valkey_url
 from kvstack.index.valkey.writes import IndexWriter
 from kvstack.log import IncidentLogger
@@ -48,6 +50,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def _send_ahead(cluster: bool) -> int:
+    """Keys per early ``MGET`` (:mod:`.reads`): none in a cluster, whose driver cannot."""
+    return 0 if cluster else SEND_AHEAD
+
+
 class ValkeyIndex:
     """Blocking; safe to share between threads."""
 
@@ -56,7 +63,7 @@ class ValkeyIndex:
         self.options = parse_valkey_url(url, timeout_s)
         self.url = self.options.display
         layout = KeyLayout(self.options.prefix, self.options.buckets, self.options.cluster)
-        self._reader = IndexReader(layout, self.options)
+        self._reader = IndexReader(layout, self.options, _send_ahead(self.options.cluster))
         self._writer = IndexWriter(layout, self.options)
         self._client: Any = None
         self._lock = threading.Lock()
@@ -75,6 +82,14 @@ class ValkeyIndex:
     def _drive(self, flow: Flow[T]) -> T:
         try:
             return drive(flow, self._run)
+        except FAILURES as exc:
+            raise index_error(exc, self.url) from None
+
+    def _read(self, make_flow: Callable[[], Flow[T]]) -> T:
+        if self.options.cluster:
+            return self._drive(make_flow())
+        try:
+            return drive_ahead(make_flow, self._connection())
         except FAILURES as exc:
             raise index_error(exc, self.url) from None
 
@@ -102,11 +117,11 @@ class ValkeyIndex:
         return gone
 
     def lookup(self, request: LookupRequest) -> LookupReply:
-        return self._drive(self._reader.lookup(request))
+        return self._read(lambda: self._reader.lookup(request))
 
     def locate(self, keys: Sequence[bytes], exclude: str = "") -> LocateReply:
         request = LocateRequest([bytes(k) for k in keys], exclude)
-        return self._drive(self._reader.locate(request))
+        return self._read(lambda: self._reader.locate(request))
 
     def close(self) -> None:
         with self._lock:
@@ -123,7 +138,7 @@ class AsyncValkeyIndex:
         self.options = parse_valkey_url(url, timeout_s)
         self.url = self.options.display
         layout = KeyLayout(self.options.prefix, self.options.buckets, self.options.cluster)
-        self._reader = IndexReader(layout, self.options)
+        self._reader = IndexReader(layout, self.options, _send_ahead(self.options.cluster))
         self._client: Any = None
 
     async def _run(self, commands: list[Command]) -> list[Any]:
@@ -133,7 +148,11 @@ class AsyncValkeyIndex:
 
     async def lookup(self, request: LookupRequest) -> LookupReply:
         try:
-            return await drive_async(self._reader.lookup(request), self._run)
+            if self.options.cluster:
+                return await drive_async(self._reader.lookup(request), self._run)
+            if self._client is None:
+                self._client = connect_async(self.options)
+            return await drive_ahead_async(lambda: self._reader.lookup(request), self._client)
         except FAILURES as exc:
             raise index_error(exc, self.url) from None
 

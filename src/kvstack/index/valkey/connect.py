@@ -26,10 +26,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from kvstack.errors import IndexServiceError, IndexTimeoutError
-from kvstack.index.valkey.reads import Command, Flow
+from kvstack.index.valkey.reads import Ahead, Command, Flow
 from kvstack.index.valkey.url import ValkeyIndexOptions
 
-__all__ = ["connect", "connect_async", "drive", "drive_async", "index_error"]
+__all__ = [
+    "connect",
+    "connect_async",
+    "drive",
+    "drive_ahead",
+    "drive_ahead_async",
+    "drive_async",
+    "index_error",
+]
 
 T = TypeVar("T")
 FAILURES = (RedisError, RedisClusterException, OSError)
@@ -127,21 +135,115 @@ async def run_async(client: Any, commands: list[Command]) -> list[Any]:
 
 
 def drive(flow: Flow[T], run: Callable[[list[Command]], list[Any]]) -> T:
-    """Run ``flow`` to its answer, each round trip through ``run``."""
+    """Run ``flow`` to its answer, each round trip through ``run`` (an :class:`Ahead`'s
+    commands go with the next trip)."""
+    ahead: list[Command] = []
     try:
-        commands = next(flow)
+        item = next(flow)
         while True:
-            commands = flow.send(run(commands))
+            if isinstance(item, Ahead):
+                ahead += item.commands
+                item = flow.send([])
+                continue
+            commands, ahead = ahead + item, []
+            item = flow.send(run(commands) if commands else [])
     except StopIteration as done:
         result: T = done.value
         return result
 
 
 async def drive_async(flow: Flow[T], run: Callable[[list[Command]], Awaitable[list[Any]]]) -> T:
+    ahead: list[Command] = []
     try:
-        commands = next(flow)
+        item = next(flow)
         while True:
-            commands = flow.send(await run(commands))
+            if isinstance(item, Ahead):
+                ahead += item.commands
+                item = flow.send([])
+                continue
+            commands, ahead = ahead + item, []
+            item = flow.send(await run(commands) if commands else [])
     except StopIteration as done:
         result: T = done.value
         return result
+
+
+# -- sending ahead: one connection, commands written as the flow yields them ----------------
+# redis-py's pipeline writes all its commands at once, so a flow's Ahead could only wait for
+# the next trip. These drivers hold one pooled connection for the whole flow and write each
+# Ahead to it at once; a round trip then reads every reply still owed, in order. Any failure
+# disconnects the connection (replies may be left unread on it) before it goes back to the
+# pool. A dropped connection or a timeout is retried once with a fresh flow, as redis-py's
+# retry does for a pipeline; reads are idempotent. Standalone and Sentinel only: a cluster's
+# commands go to several nodes (``drive`` with ``run_sync``/``run_async`` there).
+RETRIED = (redis.ConnectionError, redis.TimeoutError)
+
+
+def drive_ahead(make_flow: Callable[[], Flow[T]], client: Any) -> T:
+    """Run the flow ``make_flow`` builds on one connection of ``client``'s pool, writing each
+    :class:`Ahead` at once."""
+    try:
+        return _stream(make_flow(), client.connection_pool)
+    except RETRIED:
+        return _stream(make_flow(), client.connection_pool)
+
+
+def _stream(flow: Flow[T], pool: Any) -> T:
+    conn = pool.get_connection()
+    owed = 0
+    try:
+        item = next(flow)
+        while True:
+            commands = item.commands if isinstance(item, Ahead) else item
+            if commands:
+                conn.send_packed_command(conn.pack_commands(commands))
+                owed += len(commands)
+            if isinstance(item, Ahead):
+                item = flow.send([])
+                continue
+            replies = [conn.read_response() for _ in range(owed)]
+            owed = 0
+            item = flow.send(replies)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        flow.close()
+        pool.release(conn)
+
+
+async def drive_ahead_async(make_flow: Callable[[], Flow[T]], client: Any) -> T:
+    try:
+        return await _stream_async(make_flow(), client.connection_pool)
+    except RETRIED:
+        return await _stream_async(make_flow(), client.connection_pool)
+
+
+async def _stream_async(flow: Flow[T], pool: Any) -> T:
+    conn = await pool.get_connection()
+    owed = 0
+    try:
+        item = next(flow)
+        while True:
+            commands = item.commands if isinstance(item, Ahead) else item
+            if commands:
+                await conn.send_packed_command(conn.pack_commands(commands))
+                owed += len(commands)
+            if isinstance(item, Ahead):
+                item = flow.send([])
+                continue
+            replies = [await conn.read_response() for _ in range(owed)]
+            owed = 0
+            item = flow.send(replies)
+    except StopIteration as done:
+        result: T = done.value
+        return result
+    except BaseException:
+        await conn.disconnect()
+        raise
+    finally:
+        flow.close()
+        await pool.release(conn)

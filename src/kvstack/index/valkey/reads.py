@@ -6,12 +6,23 @@ drives it over a blocking or an async connection). A lookup is one round trip: t
 version, the server clock and the engines' last report times (one small script), and one
 ``MGET`` per bucket of the prompt's chunk entries. Only when the registry changed since the
 cached snapshot does a second trip fetch it, and the lookup is asked again.
+
+A flow may also yield :class:`Ahead`: commands to send at once, whose replies arrive with the
+next round trip's. A lookup sends each :data:`SEND_AHEAD` keys' ``MGET`` as soon as they are
+hashed, so that Valkey answers the start of a long prompt while the client hashes its end, and
+only the last segment's turn is waited for. Measured on the 2-core reference machine with a
+128K-token prompt (512 keys, about 1 ms of hashing), in three paired runs against one pipelined
+trip: segments of 128 keys took 0.1-0.35 ms off the lookup's median and 0.3-0.8 ms off its p99;
+segments of 64 or 256 keys did no better. A driver that cannot send early (Redis Cluster, whose
+commands go to several nodes) sends them with the round trip, at the same replies, and the
+reader then asks for one segment (``send_ahead=0``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, TypeVar
+import itertools
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from kvstack.index import answers
 from kvstack.index.protocol import LocateReply, LocateRequest, LookupReply, LookupRequest
@@ -26,12 +37,33 @@ from kvstack.index.valkey.registry import (
 )
 from kvstack.index.valkey.scripts import STATE
 from kvstack.index.valkey.url import ValkeyIndexOptions
+from kvstack.kv.keys import ChunkKey
 
-__all__ = ["Command", "Flow", "IndexReader"]
+__all__ = ["SEND_AHEAD", "Ahead", "Command", "Flow", "IndexReader"]
 
 T = TypeVar("T")
+K = TypeVar("K")
 Command = tuple[Any, ...]
-Flow = Generator[list[Command], list[Any], T]
+SEND_AHEAD = 128
+
+
+class Ahead(NamedTuple):
+    """Commands to send now; their replies come first among the next round trip's."""
+
+    commands: list[Command]
+
+
+Flow = Generator["list[Command] | Ahead", list[Any], T]  # an Ahead is sent []
+Fetch = tuple[list[Command], list[int]]  # a segment's MGETs, and where its keys' values land
+
+
+def _segments(keys: Iterator[K], size: int) -> Iterator[list[K]]:
+    """``keys`` in lists of ``size`` (all in one list for size 0), taken as they are hashed."""
+    if not size:
+        yield list(keys)
+        return
+    while segment := list(itertools.islice(keys, size)):
+        yield segment
 
 
 def _values(replies: Sequence[Sequence[bytes | None]], positions: list[int]) -> list[bytes | None]:
@@ -71,11 +103,16 @@ def _holders(masks: dict[bytes, int], view: LiveView) -> Callable[[bytes], list[
 
 
 class IndexReader:
-    """The reading half of the Valkey index, with its cached registry snapshot."""
+    """The reading half of the Valkey index, with its cached registry snapshot.
 
-    def __init__(self, layout: KeyLayout, options: ValkeyIndexOptions) -> None:
+    ``send_ahead``: keys per early ``MGET`` (:class:`Ahead`); 0 sends a lookup's in one trip."""
+
+    def __init__(
+        self, layout: KeyLayout, options: ValkeyIndexOptions, send_ahead: int = SEND_AHEAD
+    ) -> None:
         self.layout = layout
         self.options = options
+        self.send_ahead = send_ahead
         self.snapshot: RegistrySnapshot | None = None
         registry = layout.registry
         self._state = ("EVAL", STATE, 2, layout.registry_key("V"), layout.registry_key("S"))
@@ -95,16 +132,32 @@ class IndexReader:
     def lookup(self, request: LookupRequest) -> Flow[LookupReply]:
         snapshot = yield from self._current()
         for attempt in range(2):
-            plan = answers.plan_lookup(
+            num_tokens, streams = answers.plan_lookup_streams(
                 snapshot.instances.values(), request, self.options.max_lookup_tokens
             )
-            fetches = [self.layout.mget_commands(chain.keys) for chain in plan.chains]
-            replies = yield [self._state, *(c for commands, _ in fetches for c in commands)]
+            chains: list[answers.ProfileChain] = []
+            fetches: list[list[Fetch]] = []
+            pending: list[Command] = [self._state]
+            for stream in streams:
+                keys: list[ChunkKey] = []
+                chain_fetches = []
+                for segment in _segments(stream.keys, self.send_ahead):
+                    keys += segment
+                    commands, positions = self.layout.mget_commands(segment)
+                    chain_fetches.append((commands, positions))
+                    pending += commands
+                    if self.send_ahead:
+                        yield Ahead(pending)
+                        pending = []
+                chains.append(answers.ProfileChain(stream.profile, stream.members, keys))
+                fetches.append(chain_fetches)
+            replies = yield pending
             state = parse_state(replies[0])
             if state.version != snapshot.version and attempt == 0:
                 snapshot = yield from self.refresh()
                 continue
             view = live_view(snapshot, state, self.options.instance_ttl_s)
+            plan = answers.LookupPlan(num_tokens, chains)
             return self._answer_lookup(plan, view, fetches, replies[1:])
         raise AssertionError("unreachable")
 
@@ -112,17 +165,20 @@ class IndexReader:
         self,
         plan: answers.LookupPlan,
         view: LiveView,
-        fetches: list[tuple[list[Command], list[int]]],
+        fetches: list[list[Fetch]],
         replies: list[Any],
     ) -> LookupReply:
         live_ids = {i.id for i in view.instances}
         chains, runs, start = [], [], 0
-        for chain, (commands, positions) in zip(plan.chains, fetches, strict=True):
-            mine, start = replies[start : start + len(commands)], start + len(commands)
+        for chain, chain_fetches in zip(plan.chains, fetches, strict=True):
+            values: list[bytes | None] = []
+            for commands, positions in chain_fetches:
+                mine, start = replies[start : start + len(commands)], start + len(commands)
+                values += _values(mine, positions)
             members = [m for m in chain.members if m.id in live_ids]
             if not members:
                 continue
-            masks = _leading_chain(_values(mine, positions), view.live_mask)
+            masks = _leading_chain(values, view.live_mask)
             chains.append(chain._replace(members=members))
             runs.append(chain_runs(masks, answers.lookup_groups(members), view.bits))
         return answers.answer_lookup(answers.LookupPlan(plan.num_tokens, chains), runs)
