@@ -18,13 +18,17 @@ is computed normally.
 The sockets live in a directory only the engine's user may enter (``<tmp>/kvstack-<uid>``,
 mode 0700, checked at every start), and each socket file is made owner-only once bound: another
 local user can neither ask a worker about its prompts nor plant a socket the scheduler would ask.
+A worker killed without its shutdown leaves its socket file behind; the next server to start
+removes those nobody listens on any more (:func:`sweep_stale_sockets`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+import socket
 import stat
 import tempfile
 import threading
@@ -39,7 +43,14 @@ import zmq
 
 from kvstack.errors import ConfigError
 
-__all__ = ["POLL_WAIT_S", "LookupClient", "LookupServer", "PrefixAnswer", "lookup_endpoint"]
+__all__ = [
+    "POLL_WAIT_S",
+    "LookupClient",
+    "LookupServer",
+    "PrefixAnswer",
+    "lookup_endpoint",
+    "sweep_stale_sockets",
+]
 
 log = logging.getLogger(__name__)
 _encode = msgspec.msgpack.Encoder().encode
@@ -80,6 +91,39 @@ def socket_dir() -> Path:
     return path
 
 
+# A socket file younger than this is left alone: its server may be between bind and listen.
+STALE_AFTER_S = 60.0
+
+
+def sweep_stale_sockets(directory: Path, now: float | None = None) -> int:
+    """Remove the ``*.sock`` files in ``directory`` that refuse a connection (nobody listens:
+    their engine died without closing) and are older than :data:`STALE_AFTER_S`; how many.
+    A file that accepts, or cannot be checked, is kept."""
+    now = time.time() if now is None else now
+    removed = 0
+    for path in directory.glob("*.sock"):
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISSOCK(info.st_mode) or now - info.st_mtime < STALE_AFTER_S:
+            continue
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        except OSError:
+            pass  # not ours to judge (too long a path, a permission): keep it
+        finally:
+            probe.close()
+    if removed:
+        log.info("removed %d stale lookup socket(s) from %s", removed, directory)
+    return removed
+
+
 def lookup_endpoint(engine_id: str, rank: int) -> str:
     return f"ipc://{socket_dir() / f'{engine_id[:36]}-{rank}.sock'}"
 
@@ -97,6 +141,8 @@ class LookupServer:
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_QUESTION_BYTES)
+        if self._path is not None:
+            sweep_stale_sockets(self._path.parent)
         self._sock.bind(endpoint)
         if self._path is not None:
             self._path.chmod(0o600)
