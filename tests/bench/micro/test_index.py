@@ -62,3 +62,18 @@ def test_router_counts_are_checked() -> None:
 def test_a_router_that_cannot_ask_fails_the_run_with_its_reason() -> None:
     with pytest.raises(RuntimeError, match=r"did not start: .*127\.0\.0\.1:9"):
         index_routers.measure_routers({"valkey": "redis://127.0.0.1:9/0"}, [1], 2, 1)
+
+
+def test_the_arms_take_turns_every_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a round the arms alternate every BLOCK lookups; each round has its own p99."""
+    asked: list[str] = []
+    monkeypatch.setattr(index, "check", lambda reply: None)
+    arms = [index.Arm(name, lambda name=name: asked.append(name), [])  # type: ignore[misc]
+            for name in ("a", "b")]  # fmt: skip
+    index._interleave(arms, rounds=2, per_round=25)
+    block = index.BLOCK
+    one_round = ["a"] + ["b"] + ["a"] * block + ["b"] * block + ["a"] * block + ["b"] * block
+    one_round += ["a"] * (25 - 2 * block) + ["b"] * (25 - 2 * block)  # the checks, then turns
+    assert asked == one_round * 2
+    assert [len(arm.wall_ms) for arm in arms] == [50, 50]
+    assert [len(arm.round_p99_ms) for arm in arms] == [2, 2]

@@ -13,9 +13,10 @@ chunks of 256 tokens), ``--entries`` chunks indexed in each:
   hashes the prompt, then one pipelined round trip); ``valkey_cluster``: on a 3-master Redis
   Cluster (16 buckets).
 
-Lookups run in ``--rounds`` rounds that alternate the arms, so that noise from other work on the
-machine falls on every arm alike. Each figure has wall-clock p50/p99 and, beside it, the asking
-thread's CPU time (``cpu_*``) and the server process's CPU per lookup (``server_cpu_ms``).
+Lookups run in ``--rounds`` rounds in which the arms take turns every 10 lookups, so that noise
+from other work on the machine falls on every arm alike. Each figure has wall-clock p50/p99
+and, beside it, the asking thread's CPU time (``cpu_*``) and the server process's CPU per
+lookup (``server_cpu_ms``).
 Announce throughput (events per second) is measured for each backend in bulk (65,536-key
 reports, a full sync) and steady (512-event reports of stores and removals). Every lookup
 answer is checked; the bar: the Valkey backend's p99 <= the index server's over ZMQ, and <= 5 ms.
@@ -52,6 +53,7 @@ from kvstack.index.urls import zmq_url
 __all__ = ["run"]
 
 BAR_MS = 5.0
+BLOCK = 10  # lookups an arm asks in a row before the next arm's turn
 STEADY_EVENTS = 102_400
 Lookup = Callable[[], LookupReply]
 
@@ -65,19 +67,31 @@ class Arm:
         self.cpu_ms: list[float] = []
         self.round_p99_ms: list[float] = []
         self.server_cpu_s = 0.0
+        self._round_start = 0
 
-    def measure(self, lookups: int) -> None:
+    def check(self) -> None:
+        """One untimed lookup, its answer checked."""
         check(self.lookup())
+
+    def block(self, lookups: int) -> None:
+        """``lookups`` timed lookups in a row, and the servers' CPU they cost."""
         server_before = sum(map(index_servers.process_cpu_s, self.pids))
-        wall = []
         for _ in range(lookups):
             start, start_cpu = time.perf_counter(), time.thread_time()
             self.lookup()
-            wall.append((time.perf_counter() - start) * 1000)
+            self.wall_ms.append((time.perf_counter() - start) * 1000)
             self.cpu_ms.append((time.thread_time() - start_cpu) * 1000)
         self.server_cpu_s += sum(map(index_servers.process_cpu_s, self.pids)) - server_before
-        self.wall_ms += wall
-        self.round_p99_ms.append(_p(wall, 99))
+
+    def end_round(self) -> None:
+        self.round_p99_ms.append(_p(self.wall_ms[self._round_start :], 99))
+        self._round_start = len(self.wall_ms)
+
+    def measure(self, lookups: int) -> None:
+        """One round of ``lookups`` on its own."""
+        self.check()
+        self.block(lookups)
+        self.end_round()
 
     def figures(self) -> dict[str, Any]:
         n = len(self.wall_ms)
@@ -177,9 +191,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             result["memory_mb"][name] = _valkey_memory_mb(ports)
         for name, (client, pids) in clients.items():
             arms.append(Arm(name, lambda c=client: c.lookup(request), pids))  # type: ignore[misc]
-        for _ in range(args.rounds):
-            for arm in arms:
-                arm.measure(max(args.lookups // args.rounds, 1))
+        _interleave(arms, args.rounds, max(args.lookups // args.rounds, 1))
         http = stack.enter_context(httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60))
         json_arm = Arm("service_http_json", _json_lookup(http), [service.pid])
         json_arm.measure(max(args.lookups // 10, 10))
@@ -190,6 +202,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             )
     result["lookup_128k"] = {arm.name: arm.figures() for arm in arms}
     return result
+
+
+def _interleave(arms: list[Arm], rounds: int, per_round: int) -> None:
+    """``rounds`` rounds of ``per_round`` lookups per arm, the arms taking turns every
+    :data:`BLOCK` lookups, so that a burst of noise from elsewhere on the machine (a second
+    or two) falls on every arm alike."""
+    for _ in range(rounds):
+        for arm in arms:
+            arm.check()
+        done = 0
+        while done < per_round:
+            count = min(BLOCK, per_round - done)
+            for arm in arms:
+                arm.block(count)
+            done += count
+        for arm in arms:
+            arm.end_round()
 
 
 def _announce_all(
@@ -265,7 +294,9 @@ def run(argv: list[str]) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per timed request
     parser.add_argument("--entries", type=int, default=1_000_000, help="chunks indexed")
     parser.add_argument("--lookups", type=int, default=300, help="lookups per arm")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds alternating the arms")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="rounds (the arms take turns every 10 lookups)"
+    )
     parser.add_argument(
         "--routers",
         type=_counts,

@@ -95,7 +95,7 @@ def render(results: Path) -> str:
 
 
 def _round_ratios(valkey: dict[str, Any], zmq: dict[str, Any]) -> str:
-    """Valkey's p99 over ZMQ's in each round (the rounds alternate the arms), as a range: how
+    """Valkey's p99 over ZMQ's in each round (the arms take turns within each), as a range: how
     far one run's verdict is from a tie."""
     pairs = list(zip(valkey.get("round_p99_ms", []), zmq.get("round_p99_ms", []), strict=False))
     ratios = [v / z for v, z in pairs if z > 0]
