@@ -150,10 +150,13 @@ def ask_everything(twin: Twin, rng: random.Random, tree: list[list[int]]) -> Non
         twin.same_lookup(model="other", tokens=tokens)
     twin.same_lookup(model="", tokens=tree[0])  # every engine
     twin.same_lookup(model="nobody", tokens=tree[0])
+    twin.same_lookup(model="toy", tokens=tree[0][: CHUNK - 1])  # no whole chunk: no keys
+    twin.same_lookup(model="toy", chunk_hashes=[])
     keys = keys_of(TOY, tree[1], "", "")
     twin.same_lookup(model="toy", chunk_hashes=keys)
     for exclude in ["", *ENGINES]:
         twin.same_locate(keys_of(TOY, rng.choice(tree), "", "")[:8], exclude)
+    assert twin.same_locate([], "") == []
 
 
 def test_one_event_stream_gives_the_same_answers_on_both_backends(twin: Twin) -> None:

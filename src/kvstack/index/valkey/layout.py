@@ -96,7 +96,9 @@ class KeyLayout:
 
     def mget_commands(self, keys: Sequence[bytes]) -> tuple[list[tuple[Any, ...]], list[int]]:
         """One ``MGET`` per bucket for ``keys``, and where each key's answer lands in the
-        concatenation of their replies."""
+        concatenation of their replies (none for no keys: an ``MGET`` needs one)."""
+        if not keys:
+            return [], []
         groups = self.by_bucket(keys)
         commands: list[tuple[Any, ...]] = []
         order: list[bytes] = []
