@@ -134,18 +134,29 @@ async def run_async(client: Any, commands: list[Command]) -> list[Any]:
     return list(await pipe.execute())
 
 
+class _Trips:
+    """Turns what a flow yields into round trips: an :class:`Ahead`'s commands wait for the
+    next trip (``take`` gives None for it), a trip takes them first."""
+
+    def __init__(self) -> None:
+        self.ahead: list[Command] = []
+
+    def take(self, item: list[Command] | Ahead) -> list[Command] | None:
+        if isinstance(item, Ahead):
+            self.ahead += item.commands
+            return None
+        commands, self.ahead = self.ahead + item, []
+        return commands
+
+
 def drive(flow: Flow[T], run: Callable[[list[Command]], list[Any]]) -> T:
     """Run ``flow`` to its answer, each round trip through ``run`` (an :class:`Ahead`'s
     commands go with the next trip)."""
-    ahead: list[Command] = []
+    trips = _Trips()
     try:
         item = next(flow)
         while True:
-            if isinstance(item, Ahead):
-                ahead += item.commands
-                item = flow.send([])
-                continue
-            commands, ahead = ahead + item, []
+            commands = trips.take(item)
             item = flow.send(run(commands) if commands else [])
     except StopIteration as done:
         result: T = done.value
@@ -153,15 +164,11 @@ def drive(flow: Flow[T], run: Callable[[list[Command]], list[Any]]) -> T:
 
 
 async def drive_async(flow: Flow[T], run: Callable[[list[Command]], Awaitable[list[Any]]]) -> T:
-    ahead: list[Command] = []
+    trips = _Trips()
     try:
         item = next(flow)
         while True:
-            if isinstance(item, Ahead):
-                ahead += item.commands
-                item = flow.send([])
-                continue
-            commands, ahead = ahead + item, []
+            commands = trips.take(item)
             item = flow.send(await run(commands) if commands else [])
     except StopIteration as done:
         result: T = done.value
@@ -188,22 +195,31 @@ def drive_ahead(make_flow: Callable[[], Flow[T]], client: Any) -> T:
         return _stream(make_flow(), client.connection_pool)
 
 
+class _Wire:
+    """What a send-ahead driver writes for each item a flow yields, and how many replies it
+    then reads (None for an :class:`Ahead`: its replies are read with the next trip's)."""
+
+    def __init__(self) -> None:
+        self.owed = 0
+
+    def take(self, item: list[Command] | Ahead) -> tuple[list[Command], int | None]:
+        commands = item.commands if isinstance(item, Ahead) else item
+        self.owed += len(commands)
+        if isinstance(item, Ahead):
+            return commands, None
+        owed, self.owed = self.owed, 0
+        return commands, owed
+
+
 def _stream(flow: Flow[T], pool: Any) -> T:
-    conn = pool.get_connection()
-    owed = 0
+    conn, wire = pool.get_connection(), _Wire()
     try:
         item = next(flow)
         while True:
-            commands = item.commands if isinstance(item, Ahead) else item
+            commands, read = wire.take(item)
             if commands:
                 conn.send_packed_command(conn.pack_commands(commands))
-                owed += len(commands)
-            if isinstance(item, Ahead):
-                item = flow.send([])
-                continue
-            replies = [conn.read_response() for _ in range(owed)]
-            owed = 0
-            item = flow.send(replies)
+            item = flow.send([conn.read_response() for _ in range(read or 0)])
     except StopIteration as done:
         result: T = done.value
         return result
@@ -223,21 +239,14 @@ async def drive_ahead_async(make_flow: Callable[[], Flow[T]], client: Any) -> T:
 
 
 async def _stream_async(flow: Flow[T], pool: Any) -> T:
-    conn = await pool.get_connection()
-    owed = 0
+    conn, wire = await pool.get_connection(), _Wire()
     try:
         item = next(flow)
         while True:
-            commands = item.commands if isinstance(item, Ahead) else item
+            commands, read = wire.take(item)
             if commands:
                 await conn.send_packed_command(conn.pack_commands(commands))
-                owed += len(commands)
-            if isinstance(item, Ahead):
-                item = flow.send([])
-                continue
-            replies = [await conn.read_response() for _ in range(owed)]
-            owed = 0
-            item = flow.send(replies)
+            item = flow.send([await conn.read_response() for _ in range(read or 0)])
     except StopIteration as done:
         result: T = done.value
         return result
