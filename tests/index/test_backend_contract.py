@@ -20,7 +20,6 @@ from kvstack.index.client import lookup_request
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, LocateReply, TierInfo
 from kvstack.index.runner import IndexServerThread
-from kvstack.index.valkey.client import ValkeyIndex
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
 from tests.conftest import free_port
 from tests.index.conftest import valkey_index_url
@@ -104,9 +103,9 @@ def twin(valkey_url: str) -> Iterator[Twin]:
     readers: dict[str, IndexBackend] = {}
     if "cluster=true" not in valkey_url:
         # Early MGETs of 3 keys: the prompts' 11 chunks go in 4 segments (the default's 128
-        # send them in one; a cluster sends none).
-        readers["valkey-3-ahead"] = ahead = ValkeyIndex(valkey_url)
-        ahead._reader.send_ahead = 3
+        # send them in one); and none sent early, one pipeline a trip (as in a cluster).
+        readers["valkey-3-ahead"] = open_index(f"{valkey_url}&send_ahead=3")
+        readers["valkey-one-trip"] = open_index(f"{valkey_url}&send_ahead=0")
     yield Twin(clients, readers)
     for client in {**clients, **readers}.values():
         client.close()

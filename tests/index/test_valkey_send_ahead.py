@@ -14,11 +14,12 @@ from typing import Any
 import msgspec
 import pytest
 
-from kvstack.errors import IndexServiceError, IndexTimeoutError
+from kvstack.errors import ConfigError, IndexServiceError, IndexTimeoutError
 from kvstack.index.client import lookup_request
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, TierInfo
 from kvstack.index.state import IndexState
 from kvstack.index.valkey.client import AsyncValkeyIndex, ValkeyIndex
+from kvstack.index.valkey.url import parse_valkey_url
 from kvstack.kv.keys import Namespace, chunk_keys
 from tests.index.conftest import valkey_index_url
 from tests.kv.tiers.remote.servers import RedisServer
@@ -73,13 +74,15 @@ def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
 
 def test_every_segment_size_gives_the_one_trip_answer(redis_server: RedisServer) -> None:
     want = expected()
-    client = fed(valkey_index_url(redis_server))
-    try:
-        for ahead in (0, 1, 7, 128, 1000):  # 0: one segment; 1000: more than the prompt
-            client._reader.send_ahead = ahead
+    url = valkey_index_url(redis_server)
+    fed(url).close()
+    for ahead in (0, 1, 7, 128, 1000):  # 0: one pipelined trip; 1000: more than the prompt
+        client = ValkeyIndex(f"{url}&send_ahead={ahead}")
+        try:
+            assert client.options.send_ahead == ahead
             assert answer(client.lookup(REQUEST)) == want, ahead
-    finally:
-        client.close()
+        finally:
+            client.close()
 
 
 def test_a_dropped_connection_is_asked_again(own_redis: RedisServer) -> None:
@@ -159,7 +162,12 @@ def test_the_async_client_alike(own_redis: RedisServer) -> None:
     asyncio.run(scenario())
 
 
-def test_a_cluster_reader_sends_nothing_ahead() -> None:
-    cluster = ValkeyIndex("redis://127.0.0.1:1/0?cluster=true&prefix=x:")
-    standalone = ValkeyIndex("redis://127.0.0.1:1/0?prefix=x:")
-    assert cluster._reader.send_ahead == 0 and standalone._reader.send_ahead == 128
+def test_send_ahead_is_a_url_setting_a_cluster_cannot_use() -> None:
+    assert parse_valkey_url("redis://h:6379/0").send_ahead == 128
+    assert parse_valkey_url("redis://h:6379/0?send_ahead=0").send_ahead == 0
+    assert parse_valkey_url("redis://a:1,b:2/0?cluster=true").send_ahead == 0
+    assert parse_valkey_url("redis://a:1,b:2/0?cluster=true&send_ahead=0").send_ahead == 0
+    with pytest.raises(ConfigError, match="send_ahead works standalone and behind Sentinel"):
+        parse_valkey_url("redis://a:1,b:2/0?cluster=true&send_ahead=64")
+    with pytest.raises(ConfigError, match="send_ahead"):
+        parse_valkey_url("redis://h:6379/0?send_ahead=-1")

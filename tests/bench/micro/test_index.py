@@ -22,7 +22,8 @@ def test_both_backends_in_one_run(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert document["bench"] == "index" and document["command"].startswith("kvstack bench index")
     result = document["result"]
     arms = result["lookup_128k"]
-    assert {"in_process", "service_zmq", "service_http", "valkey", "service_http_json"} == set(arms)
+    assert {"in_process", "service_zmq", "service_http", "valkey", "valkey_one_trip",
+            "service_http_json"} == set(arms)  # fmt: skip
     assert arms["valkey"]["n"] == 10 and arms["valkey"]["server_cpu_ms"] is not None
     for backend in ("service", "valkey"):
         figures = result["announce"][backend]

@@ -17,6 +17,7 @@ _NAMES = {
     "service_http": "index server, HTTP (msgpack)",
     "service_http_json": "index server, HTTP (JSON)",
     "valkey": "Valkey",
+    "valkey_one_trip": "Valkey, `send_ahead=0` (one pipelined trip)",
     "valkey_cluster": "Valkey cluster",
 }
 

@@ -36,7 +36,7 @@ from kvstack.index.valkey.connect import (
     run_sync,
 )
 from kvstack.index.valkey.layout import KeyLayout
-from kvstack.index.valkey.reads import SEND_AHEAD, Command, Flow, IndexReader
+from kvstack.index.valkey.reads import Command, Flow, IndexReader
 from kvstack.index.valkey.url import parse_valkey_url
 from kvstack.index.valkey.writes import IndexWriter
 from kvstack.log import IncidentLogger
@@ -50,11 +50,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def _send_ahead(cluster: bool) -> int:
-    """Keys per early ``MGET`` (:mod:`.reads`): none in a cluster, whose driver cannot."""
-    return 0 if cluster else SEND_AHEAD
-
-
 class ValkeyIndex:
     """Blocking; safe to share between threads."""
 
@@ -63,7 +58,7 @@ class ValkeyIndex:
         self.options = parse_valkey_url(url, timeout_s)
         self.url = self.options.display
         layout = KeyLayout(self.options.prefix, self.options.buckets, self.options.cluster)
-        self._reader = IndexReader(layout, self.options, _send_ahead(self.options.cluster))
+        self._reader = IndexReader(layout, self.options)
         self._writer = IndexWriter(layout, self.options)
         self._client: Any = None
         self._lock = threading.Lock()
@@ -86,7 +81,9 @@ class ValkeyIndex:
             raise index_error(exc, self.url) from None
 
     def _read(self, make_flow: Callable[[], Flow[T]]) -> T:
-        if self.options.cluster:
+        """A lookup or locate: on one connection, sending ahead, unless ``send_ahead=0`` (always
+        in a cluster), which sends each round trip as one redis-py pipeline."""
+        if not self.options.send_ahead:
             return self._drive(make_flow())
         try:
             return drive_ahead(make_flow, self._connection())
@@ -138,7 +135,7 @@ class AsyncValkeyIndex:
         self.options = parse_valkey_url(url, timeout_s)
         self.url = self.options.display
         layout = KeyLayout(self.options.prefix, self.options.buckets, self.options.cluster)
-        self._reader = IndexReader(layout, self.options, _send_ahead(self.options.cluster))
+        self._reader = IndexReader(layout, self.options)
         self._client: Any = None
 
     async def _run(self, commands: list[Command]) -> list[Any]:
@@ -148,7 +145,7 @@ class AsyncValkeyIndex:
 
     async def lookup(self, request: LookupRequest) -> LookupReply:
         try:
-            if self.options.cluster:
+            if not self.options.send_ahead:
                 return await drive_async(self._reader.lookup(request), self._run)
             if self._client is None:
                 self._client = connect_async(self.options)

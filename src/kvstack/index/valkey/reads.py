@@ -8,14 +8,15 @@ version, the server clock and the engines' last report times (one small script),
 cached snapshot does a second trip fetch it, and the lookup is asked again.
 
 A flow may also yield :class:`Ahead`: commands to send at once, whose replies arrive with the
-next round trip's. A lookup sends each :data:`SEND_AHEAD` keys' ``MGET`` as soon as they are
-hashed, so that Valkey answers the start of a long prompt while the client hashes its end, and
-only the last segment's turn is waited for. Measured on the 2-core reference machine with a
-128K-token prompt (512 keys, about 1 ms of hashing), in three paired runs against one pipelined
-trip: segments of 128 keys took 0.1-0.35 ms off the lookup's median and 0.3-0.8 ms off its p99;
-segments of 64 or 256 keys did no better. A driver that cannot send early (Redis Cluster, whose
-commands go to several nodes) sends them with the round trip, at the same replies, and the
-reader then asks for one segment (``send_ahead=0``).
+next round trip's. A lookup sends each ``send_ahead`` keys' ``MGET`` (a URL setting, 128) as
+soon as they are hashed, so that Valkey answers the start of a long prompt while the client
+hashes its end, and only the last segment's turn is waited for. Measured on the 2-core
+reference machine with a 128K-token prompt (512 keys, about 1 ms of hashing), in three paired
+runs against one pipelined trip: segments of 128 keys took 0.1-0.35 ms off the lookup's median
+and 0.3-0.8 ms off its p99; segments of 64 or 256 keys did no better. ``kvstack bench index``
+measures both in every run (its ``valkey_one_trip`` arm). With ``send_ahead=0`` (always in a
+Redis Cluster, whose commands go to several nodes) the reader asks for one segment and each
+round trip is one redis-py pipeline; a driver given an Ahead anyway sends it with the next trip.
 """
 
 from __future__ import annotations
@@ -39,12 +40,11 @@ from kvstack.index.valkey.scripts import STATE
 from kvstack.index.valkey.url import ValkeyIndexOptions
 from kvstack.kv.keys import ChunkKey
 
-__all__ = ["SEND_AHEAD", "Ahead", "Command", "Flow", "IndexReader"]
+__all__ = ["Ahead", "Command", "Flow", "IndexReader"]
 
 T = TypeVar("T")
 K = TypeVar("K")
 Command = tuple[Any, ...]
-SEND_AHEAD = 128
 
 
 class Ahead(NamedTuple):
@@ -103,16 +103,12 @@ def _holders(masks: dict[bytes, int], view: LiveView) -> Callable[[bytes], list[
 
 
 class IndexReader:
-    """The reading half of the Valkey index, with its cached registry snapshot.
+    """The reading half of the Valkey index, with its cached registry snapshot."""
 
-    ``send_ahead``: keys per early ``MGET`` (:class:`Ahead`); 0 sends a lookup's in one trip."""
-
-    def __init__(
-        self, layout: KeyLayout, options: ValkeyIndexOptions, send_ahead: int = SEND_AHEAD
-    ) -> None:
+    def __init__(self, layout: KeyLayout, options: ValkeyIndexOptions) -> None:
         self.layout = layout
         self.options = options
-        self.send_ahead = send_ahead
+        self.send_ahead = options.send_ahead  # keys per early MGET; 0: one trip
         self.snapshot: RegistrySnapshot | None = None
         registry = layout.registry
         self._state = ("EVAL", STATE, 2, layout.registry_key("V"), layout.registry_key("S"))

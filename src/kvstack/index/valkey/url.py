@@ -11,7 +11,9 @@ own settings. No third-party imports: config sections check URLs with it.
 - the index: ``prefix`` (``kvstack:index:``; one fleet per prefix), ``buckets`` (hash-tagged
   slots the chunk entries are spread over: 1, or 16 in a cluster), ``instance_ttl_s`` (30: an
   engine silent for this long is no longer answered), ``max_lookup_tokens``, ``maintain_s`` (5: how
-  often writers expire silent engines and clean up after them);
+  often writers expire silent engines and clean up after them), ``send_ahead`` (128: a lookup
+  writes each this many keys' ``MGET`` as soon as they are hashed; 0 sends it in one trip; a
+  cluster always sends one trip);
 - ``timeout_s`` and ``connect_timeout_s`` (default: the client's timeout).
 
 Passwords never leave this module in text: :attr:`ValkeyIndexOptions.display` is the URL with
@@ -32,6 +34,7 @@ __all__ = ["ValkeyIndexOptions", "parse_valkey_url"]
 DEFAULT_PORT = 6379
 DEFAULT_PREFIX = "kvstack:index:"
 CLUSTER_BUCKETS = 16
+DEFAULT_SEND_AHEAD = 128
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ class ValkeyIndexOptions:
     connect_timeout_s: float = 2.0
     max_lookup_tokens: int = 1 << 21
     maintain_s: float = 5.0
+    send_ahead: int = DEFAULT_SEND_AHEAD  # 0 in a cluster
 
 
 def parse_valkey_url(url: str, timeout_s: float = 2.0) -> ValkeyIndexOptions:
@@ -97,10 +101,23 @@ def parse_valkey_url(url: str, timeout_s: float = 2.0) -> ValkeyIndexOptions:
             params.pop("max_lookup_tokens", str(1 << 21)), "max_lookup_tokens", shown, 1, 1 << 30
         ),
         maintain_s=_float(params.pop("maintain_s", "5"), "maintain_s", shown),
+        send_ahead=_send_ahead(params.pop("send_ahead", None), cluster, shown),
     )
     if params:
         raise ConfigError(f"unknown parameter(s) {', '.join(sorted(params))} in {shown!r}")
     return options
+
+
+def _send_ahead(text: str | None, cluster: bool, shown: str) -> int:
+    if text is None:
+        return 0 if cluster else DEFAULT_SEND_AHEAD
+    value = _int(text, "send_ahead", shown, 0, 1 << 16)
+    if cluster and value:
+        raise ConfigError(
+            f"send_ahead works standalone and behind Sentinel; a Redis Cluster's lookup goes to "
+            f"several nodes in one trip (use send_ahead=0 or leave it out): {shown!r}"
+        )
+    return value
 
 
 def _params(query: str, shown: str) -> dict[str, str]:
