@@ -58,18 +58,24 @@ def _common(options: ValkeyIndexOptions, asynchronous: bool) -> dict[str, Any]:
     return kwargs
 
 
+# redis-py's cluster and sentinel modules are unannotated before 8.x and annotated since: called
+# through Any, the same code type-checks against either.
+_SYNC_CLUSTER: Any = redis.cluster
+_SYNC_SENTINEL: Any = redis.sentinel
+_ASYNC_SENTINEL: Any = redis.asyncio.sentinel
+
+
 def connect(options: ValkeyIndexOptions) -> Any:
     """A blocking redis-py client for ``options`` (a cluster client connects at once)."""
     kwargs = _common(options, asynchronous=False)
     if options.cluster:
-        # redis-py's cluster and sentinel modules are unannotated.
-        nodes = [redis.cluster.ClusterNode(h, p) for h, p in options.seeds]  # type: ignore[no-untyped-call]
-        return redis.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
+        nodes = [_SYNC_CLUSTER.ClusterNode(h, p) for h, p in options.seeds]
+        return _SYNC_CLUSTER.RedisCluster(startup_nodes=nodes, **kwargs)
     if options.sentinel:
-        sentinel = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = _SYNC_SENTINEL.Sentinel(
             options.seeds, sentinel_kwargs=_sentinel_kwargs(options, kwargs), **kwargs
         )
-        return sentinel.master_for(options.sentinel, db=options.db)  # type: ignore[no-untyped-call]
+        return sentinel.master_for(options.sentinel, db=options.db)
     host, port = options.seeds[0]
     return redis.Redis(host=host, port=port, db=options.db, **kwargs)
 
@@ -81,7 +87,7 @@ def connect_async(options: ValkeyIndexOptions) -> Any:
         nodes = [redis.asyncio.cluster.ClusterNode(h, p) for h, p in options.seeds]
         return redis.asyncio.cluster.RedisCluster(startup_nodes=nodes, **kwargs)
     if options.sentinel:
-        sentinel = redis.asyncio.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = _ASYNC_SENTINEL.Sentinel(
             options.seeds, sentinel_kwargs=_sentinel_kwargs(options, kwargs), **kwargs
         )
         return sentinel.master_for(options.sentinel, db=options.db)
