@@ -31,7 +31,7 @@ from kvstack.bench.micro.kv import MAIN_SHAPE
 from kvstack.bench.micro.kv_device import measure_device_tiers
 from kvstack.bench.micro.kv_measure import Shape
 from kvstack.bench.micro.paged_layouts import LAYOUTS, PagedShape, build_paged
-from kvstack.integrations.vllm.streams import make_stream
+from kvstack.integrations.vllm.streams import CopyStream, make_stream
 from kvstack.kv.cache import KVCache
 from kvstack.kv.config import KVConfig
 from kvstack.kv.tensors import torch
@@ -166,36 +166,64 @@ def _copies(plan: CheckPlan, t: m.PagedTransfer) -> dict[str, Any]:
     side = _side_stream(device)
     out_stream = make_stream(device, True, "kvstack-copy-out")
     load_stream = make_stream(device, True, "kvstack-load", follow_compute=False)
-    seconds: dict[str, list[float]] = {k: [] for k in ("torch_d2h", "d2h", "torch_h2d", "h2d")}
+    layer_stream = make_stream(device, True, "kvstack-layers")  # SyncLoader's, when pipelined
+    seconds: dict[str, list[float]] = {k: [] for k in TIMED}
     identical = True
     try:
         for r in range(plan.rounds + 1):  # round 0 warms up
             m.clear_blocks(t.paged, t.dst_chunks)
-            pairs: list[tuple[str, Callable[[], float]]] = [
-                ("torch_d2h", lambda: m.torch_copy(host, dev, side)),
-                ("d2h", lambda: m.connector_d2h(t, out_stream)),
-                ("torch_h2d", lambda: m.torch_copy(dev, host, side)),
-                ("h2d", lambda: m.connector_h2d(t, load_stream)),
-            ]
-            if r % 2:  # the other order in odd rounds: neither always runs first
-                pairs = [pairs[1], pairs[0], pairs[3], pairs[2]]
-            for name, run in pairs:
-                took = run()
-                if r:
-                    seconds[name].append(took)
-            identical &= m.pages_equal(t.paged, t.src_chunks, t.dst_chunks)
+            runs = _timed_runs(t, host, dev, side, (out_stream, load_stream, layer_stream))
+            for way in runs:
+                if r % 2:  # the other order in odd rounds: neither always runs first
+                    way.reverse()
+                for name, run in way:
+                    took = run()
+                    if r:
+                        seconds[name].append(took)
+                    if name.startswith("h2d"):  # each load must have written every byte
+                        identical &= m.pages_equal(t.paged, t.src_chunks, t.dst_chunks)
+                        m.clear_blocks(t.paged, t.dst_chunks)
     finally:
         out_stream.close()
         load_stream.close()
+        layer_stream.close()
     transfer_s = statistics.median(seconds["d2h"]) + statistics.median(seconds["h2d"])
     figures = _copy_figures(t.num_bytes, seconds)
     return {**figures, "copy_byte_identical": identical, "_transfer_s": transfer_s}
 
 
+# The connector's copies and PyTorch's copy of the same bytes, per direction; "_layers": one
+# submission per layer, as layer pipelining runs them (the default).
+TIMED = ("torch_d2h", "d2h", "d2h_layers", "torch_h2d", "h2d", "h2d_layers")
+WAYS = ("d2h", "d2h_layers", "h2d", "h2d_layers")
+
+
+def _timed_runs(
+    t: m.PagedTransfer,
+    host: torch.Tensor,
+    dev: torch.Tensor,
+    side: torch.cuda.Stream | None,
+    streams: tuple[CopyStream, CopyStream, CopyStream],
+) -> list[list[tuple[str, Callable[[], float]]]]:
+    out_stream, load_stream, layer_stream = streams
+    return [
+        [
+            ("torch_d2h", lambda: m.torch_copy(host, dev, side)),
+            ("d2h", lambda: m.connector_d2h(t, out_stream)),
+            ("d2h_layers", lambda: m.connector_d2h(t, out_stream, per_layer=True)),
+        ],
+        [
+            ("torch_h2d", lambda: m.torch_copy(dev, host, side)),
+            ("h2d", lambda: m.connector_h2d(t, load_stream)),
+            ("h2d_layers", lambda: m.connector_h2d(t, layer_stream, per_layer=True)),
+        ],
+    ]
+
+
 def _copy_figures(num_bytes: int, seconds: dict[str, list[float]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for way in ("d2h", "h2d"):
-        mine, ref = seconds[way], seconds[f"torch_{way}"]
+    for way in WAYS:
+        mine, ref = seconds[way], seconds[f"torch_{way[:3]}"]
         out[way] = {
             "connector_gbps": spread([num_bytes / s / 1e9 for s in mine]),
             "torch_gbps": spread([num_bytes / s / 1e9 for s in ref]),

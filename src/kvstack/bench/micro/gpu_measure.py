@@ -5,9 +5,11 @@ PyTorch's own copy of the same bytes, and returns seconds (host clock, after the
 finished the work):
 
 - :func:`connector_d2h`: every layer's pages of the request's blocks gathered into pinned host
-  staging on the copy-out stream (``PagedKV.gather_layer`` in ``SaveQueue``'s order);
+  staging on the copy-out stream (``gather_chunks``, as ``SaveQueue`` runs it: every layer at
+  once, or, ``per_layer``, one submission per layer as layer pipelining makes them);
 - :func:`connector_h2d`: staged chunks scattered into other blocks on the load stream
-  (``scatter_chunk``, what ``AsyncLoader`` runs);
+  (``write_chunks``, what ``AsyncLoader`` runs; ``per_layer``: ``submit_layer_writes``, what
+  a layer-pipelined ``SyncLoader`` runs);
 - :func:`torch_copy`: one pinned ``copy_(non_blocking=True)`` of as many bytes on a side stream;
 - :func:`round_trip`: a request stored through ``SaveQueue`` into a ``KVCache`` and loaded back
   into other blocks with ``SyncLoader``; the result says whether every byte came back.
@@ -15,6 +17,7 @@ finished the work):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Callable
@@ -23,10 +26,11 @@ from dataclasses import dataclass
 from kvstack.bench.micro.paged_layouts import PagedAllocation
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
-from kvstack.integrations.vllm.loads import scatter_chunk
+from kvstack.integrations.vllm.loads import write_chunks
 from kvstack.integrations.vllm.saves import SaveQueue
 from kvstack.integrations.vllm.streams import CopyStream, make_stream
-from kvstack.integrations.vllm.sync_loads import SyncLoader
+from kvstack.integrations.vllm.sync_loads import StagedChunk, SyncLoader, submit_layer_writes
+from kvstack.integrations.vllm.transfers import gather_chunks
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import torch
@@ -94,34 +98,51 @@ def sync(device: torch.device) -> None:
 
 
 def copy_out_work(t: PagedTransfer) -> Callable[[], None]:
-    """SaveQueue's copy-out of the request (its ``_copy_layers``: layer by layer, every chunk)."""
+    """SaveQueue's copy-out of the request at the end of a step (its ``_copy_layers``: every
+    layer of every chunk at once)."""
     indexes = [t.paged.block_index(ids) for ids in t.src_chunks]
-
-    def copy_out() -> None:
-        for layer in range(t.paged.layout.num_layers):
-            for index, out in zip(indexes, t.staging, strict=True):
-                t.paged.gather_layer(layer, index, out[layer])
-
-    return copy_out
+    layers = list(range(t.paged.layout.num_layers))
+    return functools.partial(gather_chunks, t.paged, layers, indexes, t.staging)
 
 
-def load_work(t: PagedTransfer) -> Callable[[], None]:
-    """AsyncLoader's write of staged chunks into the destination blocks (``scatter_chunk``)."""
+def load_work(t: PagedTransfer, stream: CopyStream | None = None) -> Callable[[], None]:
+    """A write of staged chunks into the destination blocks: AsyncLoader's (``write_chunks``,
+    on the caller's stream), or with ``stream`` SyncLoader's layer-pipelined writes
+    (``submit_layer_writes``: one submission per layer, all waited for)."""
     chunks = [ChunkIO(i, (b"",), ids) for i, ids in enumerate(t.dst_chunks)]
+    indexes = [t.paged.block_index(ids) for ids in t.dst_chunks]
 
     def load() -> None:
-        for chunk, staged in zip(chunks, t.staging, strict=True):
-            scatter_chunk(t.paged, chunk, staged)
+        write_chunks(t.paged, chunks, t.staging)
 
-    return load
+    def load_by_layer() -> None:
+        assert stream is not None
+        staged = [StagedChunk(i, s) for i, s in zip(indexes, t.staging, strict=True)]
+        for done in submit_layer_writes(stream, t.paged, staged):
+            done.wait()
+
+    return load if stream is None else load_by_layer
 
 
-def connector_d2h(t: PagedTransfer, stream: CopyStream) -> float:
-    work = copy_out_work(t)
-    return timed(t.paged.device, lambda: stream.submit(work).wait())
+def connector_d2h(t: PagedTransfer, stream: CopyStream, per_layer: bool = False) -> float:
+    if not per_layer:
+        work = copy_out_work(t)
+        return timed(t.paged.device, lambda: stream.submit(work).wait())
+    indexes = [t.paged.block_index(ids) for ids in t.src_chunks]
+
+    def by_layer() -> None:  # one submission per layer, as save_kv_layer makes them
+        done = [
+            stream.submit(functools.partial(gather_chunks, t.paged, [i], indexes, t.staging))
+            for i in range(t.paged.layout.num_layers)
+        ]
+        done[-1].wait()
+
+    return timed(t.paged.device, by_layer)
 
 
-def connector_h2d(t: PagedTransfer, stream: CopyStream) -> float:
+def connector_h2d(t: PagedTransfer, stream: CopyStream, per_layer: bool = False) -> float:
+    if per_layer:
+        return timed(t.paged.device, load_work(t, stream))
     work = load_work(t)
     return timed(t.paged.device, lambda: stream.submit(work).wait())
 

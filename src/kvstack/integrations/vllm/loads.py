@@ -30,11 +30,12 @@ from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import CopyStream
+from kvstack.integrations.vllm.transfers import scatter_chunks
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 
-__all__ = ["AsyncLoader", "FinishedLoads", "scatter_chunk"]
+__all__ = ["AsyncLoader", "FinishedLoads", "write_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +66,15 @@ class _Job:
     abandoned: bool = False  # reported (finished or timed out): nothing more may be written
 
 
-def scatter_chunk(paged: PagedKV, chunk: ChunkIO, staged: torch.Tensor) -> None:
-    """Write the blocks ``chunk`` loads from its staged pages (``[layers, per_chunk, page]``)."""
-    end = chunk.first_block + len(chunk.block_ids)
-    paged.scatter(chunk.block_ids, staged[:, chunk.first_block : end])
+def write_chunks(paged: PagedKV, chunks: list[ChunkIO], staged: list[torch.Tensor]) -> None:
+    """Write the blocks ``chunks`` load from their staged pages (``[layers, per_chunk, page]``
+    each): on GPUs one transfer per chunk and one write per layer (:mod:`.transfers`)."""
+    indexes = [paged.block_index(c.block_ids) for c in chunks]
+    pages = [
+        buf[:, c.first_block : c.first_block + len(c.block_ids)]
+        for c, buf in zip(chunks, staged, strict=True)
+    ]
+    scatter_chunks(paged, indexes, pages)
 
 
 class AsyncLoader:
@@ -131,11 +137,11 @@ class AsyncLoader:
             with job.lock:
                 if job.abandoned:
                     return
-                for chunk, staged in zip(batch[:loaded], buffers, strict=False):
-                    write = functools.partial(scatter_chunk, paged, chunk, staged)
-                    done = self._stream.submit(write)
-                    done.wait()  # whole before it counts; the buffer is reused next batch
-                    job.written += 1
+                if loaded:
+                    ok = batch[:loaded]
+                    write = functools.partial(write_chunks, paged, ok, buffers[:loaded])
+                    self._stream.submit(write).wait()  # whole before it counts; buffers reused
+                    job.written += loaded
             if loaded < len(batch):
                 return
 

@@ -34,6 +34,7 @@ import torch
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.streams import DONE, Completion, CopyStream
+from kvstack.integrations.vllm.transfers import gather_chunks
 from kvstack.kv.affinity import starting_background_threads
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
@@ -232,9 +233,7 @@ class SaveQueue:
 
 
 def _copy_layers(paged: PagedKV, layers: list[int], items: list[_Item]) -> None:
-    for layer in layers:
-        for item in items:
-            paged.gather_layer(layer, item.index, item.target[layer])
+    gather_chunks(paged, layers, [i.index for i in items], [i.target for i in items])
 
 
 def _wait_quietly(done: Completion) -> bool:

@@ -25,10 +25,28 @@ from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import Completion, CopyStream
+from kvstack.integrations.vllm.transfers import (
+    DeviceStage,
+    batched_by_default,
+    scatter_chunks,
+    slabs,
+    upload,
+    write_layer,
+)
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 
-__all__ = ["SyncLoadResult", "SyncLoader"]
+__all__ = [
+    "PIPELINE_SLABS",
+    "STAGED_DEVICE_BYTES",
+    "StagedChunk",
+    "SyncLoadResult",
+    "SyncLoader",
+    "submit_layer_writes",
+]
+
+STAGED_DEVICE_BYTES = 512 << 20  # a pipelined step's loads held on the GPU at once, at most
+PIPELINE_SLABS = 4  # layer 0 waits for a quarter of the step's loads to cross, not all
 
 
 @dataclass
@@ -41,7 +59,7 @@ class SyncLoadResult:
 
 
 @dataclass
-class _Staged:
+class StagedChunk:
     index: torch.Tensor  # block ids on the KV's device
     pages: torch.Tensor  # [layers, len(index), page] in a staging buffer
 
@@ -66,7 +84,7 @@ class SyncLoader:
         self.finish()
         start = time.perf_counter()
         result = SyncLoadResult()
-        staged: list[_Staged] = []
+        staged: list[StagedChunk] = []
         buffers = self._buffers(sum(len(r.chunks) for r in requests))
         loaded: list[tuple[str, int]] = []
         for request in requests:
@@ -75,13 +93,9 @@ class SyncLoader:
             staged += ok
             loaded.append((request.req_id, len(ok)))
         if self.pipelined:
-            self._layers = [
-                self._stream.submit(functools.partial(_write_layer, paged, layer, staged))
-                for layer in range(paged.layout.num_layers)
-            ]
+            self._layers = submit_layer_writes(self._stream, paged, staged)
         else:
-            for layer in range(paged.layout.num_layers):
-                _write_layer(paged, layer, staged)
+            scatter_chunks(paged, [s.index for s in staged], [s.pages for s in staged])
         seconds, total = time.perf_counter() - start, sum(n for _, n in loaded)
         result.samples = [LoadSample(r, n, seconds * n / total, True) for r, n in loaded if n]
         return result
@@ -92,7 +106,7 @@ class SyncLoader:
         request: RequestIO,
         buffers: list[torch.Tensor],
         result: SyncLoadResult,
-    ) -> list[_Staged]:
+    ) -> list[StagedChunk]:
         keys = [ChunkKey(c.keys[self._rank]) for c in request.chunks]
         loaded = self._cache.get_chunks_into(keys, buffers)
         ok: list[ChunkIO] = request.chunks[:loaded]
@@ -103,7 +117,7 @@ class SyncLoader:
             result.failed_chunks += len(failed)
             result.failed_req_ids.append(request.req_id)
         return [
-            _Staged(
+            StagedChunk(
                 paged.block_index(c.block_ids),
                 buf[:, c.first_block : c.first_block + len(c.block_ids)],
             )
@@ -126,6 +140,32 @@ class SyncLoader:
         return self._staging[:count]
 
 
-def _write_layer(paged: PagedKV, layer: int, staged: list[_Staged]) -> None:
+def _write_layer(paged: PagedKV, layer: int, staged: list[StagedChunk]) -> None:
     for item in staged:
         paged.scatter_layer(layer, item.index, item.pages[layer])
+
+
+def submit_layer_writes(
+    stream: CopyStream, paged: PagedKV, staged: list[StagedChunk]
+) -> list[Completion]:
+    """One write per layer on the copy stream. On GPUs the chunks cross the link in
+    :data:`PIPELINE_SLABS` slabs of layers, one transfer per chunk and slab (submitted
+    with the slab's first layer), and each layer is then one ``index_copy_`` on the
+    device (:mod:`.transfers`); above :data:`STAGED_DEVICE_BYTES` a step's chunks cross
+    a layer at a time instead, so the device holds no more than that."""
+    layers = range(paged.layout.num_layers)
+    nbytes = sum(s.pages.numel() for s in staged)
+    if not staged or not batched_by_default(paged) or nbytes > STAGED_DEVICE_BYTES:
+        return [
+            stream.submit(functools.partial(_write_layer, paged, layer, staged)) for layer in layers
+        ]
+    indexes, pages = [s.index for s in staged], [s.pages for s in staged]
+    stages: list[DeviceStage] = []
+
+    def write(layer: int, slab: range | None) -> None:
+        if slab is not None:
+            stages.extend(upload(paged, indexes, pages, slab))
+        write_layer(paged, layer, stages)
+
+    starts = {slab.start: slab for slab in slabs(len(layers), PIPELINE_SLABS)}
+    return [stream.submit(functools.partial(write, layer, starts.get(layer))) for layer in layers]
