@@ -124,3 +124,25 @@ def test_the_connector_round_trips_through_the_batched_path(
         queue.close()
         stream.close()
         kv.close()
+
+
+@pytest.mark.parametrize("device_bytes", [0, transfers.STAGED_DEVICE_BYTES])
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_layer_pipelined_copy_out_ends_with_every_layer_of_every_chunk(
+    device_bytes: int, pipelined: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """LayerCopyOut with the GPU's batching forced: layers gathered on the "device" as they
+    come (or, above the bound, straight to the host), every chunk whole after ``end``."""
+    monkeypatch.setattr(transfers, "batched_by_default", lambda paged: True)
+    monkeypatch.setattr(transfers, "STAGED_DEVICE_BYTES", device_bytes)
+    paged, memory = random_paged()
+    indexes = [paged.block_index(ids) for ids in CHUNKS]  # type: ignore[attr-defined]
+    outs = staging()
+    copy_out = transfers.LayerCopyOut(paged, indexes, outs)  # type: ignore[arg-type]
+    assert copy_out.on_device == bool(device_bytes)
+    done = [1] if pipelined else []
+    for layer in done:
+        copy_out.layer(layer)
+    copy_out.end([layer for layer in range(LAYERS) if layer not in done])
+    for ids, out in zip(CHUNKS, outs, strict=True):
+        assert torch.equal(out, memory[:, ids])

@@ -5,8 +5,9 @@ PyTorch's own copy of the same bytes, and returns seconds (host clock, after the
 finished the work):
 
 - :func:`connector_d2h`: every layer's pages of the request's blocks gathered into pinned host
-  staging on the copy-out stream (``gather_chunks``, as ``SaveQueue`` runs it: every layer at
-  once, or, ``per_layer``, one submission per layer as layer pipelining makes them);
+  staging on the copy-out stream (``LayerCopyOut``, as ``SaveQueue`` runs it: every layer at
+  the end of a step, or, ``per_layer``, one submission per layer as layer pipelining makes
+  them, then the end);
 - :func:`connector_h2d`: staged chunks scattered into other blocks on the load stream
   (``write_chunks``, what ``AsyncLoader`` runs; ``per_layer``: ``submit_layer_writes``, what
   a layer-pipelined ``SyncLoader`` runs);
@@ -26,11 +27,11 @@ from dataclasses import dataclass
 from kvstack.bench.micro.paged_layouts import PagedAllocation
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
-from kvstack.integrations.vllm.loads import write_chunks
+from kvstack.integrations.vllm.loads import BATCH_CHUNKS, write_chunks
 from kvstack.integrations.vllm.saves import SaveQueue
 from kvstack.integrations.vllm.streams import CopyStream, make_stream
 from kvstack.integrations.vllm.sync_loads import StagedChunk, SyncLoader, submit_layer_writes
-from kvstack.integrations.vllm.transfers import gather_chunks
+from kvstack.integrations.vllm.transfers import LayerCopyOut
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tensors import torch
@@ -42,6 +43,7 @@ __all__ = [
     "connector_d2h",
     "connector_h2d",
     "copy_out_work",
+    "layer_load_work",
     "load_work",
     "pages_equal",
     "round_trip",
@@ -98,30 +100,49 @@ def sync(device: torch.device) -> None:
 
 
 def copy_out_work(t: PagedTransfer) -> Callable[[], None]:
-    """SaveQueue's copy-out of the request at the end of a step (its ``_copy_layers``: every
-    layer of every chunk at once)."""
+    """SaveQueue's copy-out of the request at the end of a step without layer pipelining
+    (``LayerCopyOut.end`` of every layer)."""
     indexes = [t.paged.block_index(ids) for ids in t.src_chunks]
     layers = list(range(t.paged.layout.num_layers))
-    return functools.partial(gather_chunks, t.paged, layers, indexes, t.staging)
+
+    def copy_out() -> None:
+        LayerCopyOut(t.paged, indexes, t.staging).end(layers)
+
+    return copy_out
 
 
 def load_work(t: PagedTransfer, stream: CopyStream | None = None) -> Callable[[], None]:
-    """A write of staged chunks into the destination blocks: AsyncLoader's (``write_chunks``,
-    on the caller's stream), or with ``stream`` SyncLoader's layer-pipelined writes
-    (``submit_layer_writes``: one submission per layer, all waited for)."""
+    """AsyncLoader's writes of staged chunks into the destination blocks: ``write_chunks`` of
+    :data:`BATCH_CHUNKS` chunks at a time, each submitted to ``stream`` and waited for before
+    the next (``stream`` None: all on the caller's stream, no waits)."""
     chunks = [ChunkIO(i, (b"",), ids) for i, ids in enumerate(t.dst_chunks)]
-    indexes = [t.paged.block_index(ids) for ids in t.dst_chunks]
+    writes = [
+        functools.partial(write_chunks, t.paged, chunks[i : i + BATCH_CHUNKS],
+                          t.staging[i : i + BATCH_CHUNKS])
+        for i in range(0, len(chunks), BATCH_CHUNKS)
+    ]  # fmt: skip
 
     def load() -> None:
-        write_chunks(t.paged, chunks, t.staging)
+        for write in writes:
+            if stream is None:
+                write()
+            else:
+                stream.submit(write).wait()
+
+    return load
+
+
+def layer_load_work(t: PagedTransfer, stream: CopyStream) -> Callable[[], None]:
+    """A layer-pipelined SyncLoader's writes (``submit_layer_writes``: one submission per
+    layer), all waited for."""
+    indexes = [t.paged.block_index(ids) for ids in t.dst_chunks]
 
     def load_by_layer() -> None:
-        assert stream is not None
         staged = [StagedChunk(i, s) for i, s in zip(indexes, t.staging, strict=True)]
         for done in submit_layer_writes(stream, t.paged, staged):
             done.wait()
 
-    return load if stream is None else load_by_layer
+    return load_by_layer
 
 
 def connector_d2h(t: PagedTransfer, stream: CopyStream, per_layer: bool = False) -> float:
@@ -130,21 +151,18 @@ def connector_d2h(t: PagedTransfer, stream: CopyStream, per_layer: bool = False)
         return timed(t.paged.device, lambda: stream.submit(work).wait())
     indexes = [t.paged.block_index(ids) for ids in t.src_chunks]
 
-    def by_layer() -> None:  # one submission per layer, as save_kv_layer makes them
-        done = [
-            stream.submit(functools.partial(gather_chunks, t.paged, [i], indexes, t.staging))
-            for i in range(t.paged.layout.num_layers)
-        ]
-        done[-1].wait()
+    def by_layer() -> None:  # as SaveQueue submits it: one per save_kv_layer, then the end
+        copy_out = LayerCopyOut(t.paged, indexes, t.staging)
+        for layer in range(t.paged.layout.num_layers):
+            stream.submit(functools.partial(copy_out.layer, layer))
+        stream.submit(functools.partial(copy_out.end, [])).wait()
 
     return timed(t.paged.device, by_layer)
 
 
 def connector_h2d(t: PagedTransfer, stream: CopyStream, per_layer: bool = False) -> float:
-    if per_layer:
-        return timed(t.paged.device, load_work(t, stream))
-    work = load_work(t)
-    return timed(t.paged.device, lambda: stream.submit(work).wait())
+    work = layer_load_work(t, stream) if per_layer else load_work(t, stream)
+    return timed(t.paged.device, work)
 
 
 def torch_copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream | None) -> float:

@@ -35,9 +35,10 @@ from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 
-__all__ = ["AsyncLoader", "FinishedLoads", "write_chunks"]
+__all__ = ["BATCH_CHUNKS", "AsyncLoader", "FinishedLoads", "write_chunks"]
 
 log = logging.getLogger(__name__)
+BATCH_CHUNKS = 4  # chunks a load thread fetches, then writes, at a time
 
 
 @dataclass
@@ -87,7 +88,7 @@ class AsyncLoader:
         stream: CopyStream,
         threads: int,
         timeout_s: float,
-        batch_chunks: int = 4,
+        batch_chunks: int = BATCH_CHUNKS,
     ) -> None:
         self._cache, self._shape, self._rank = cache, chunk_shape, rank
         self._paged, self._stream = paged, stream

@@ -7,11 +7,12 @@ Per step, for the chunks the scheduler planned (:class:`SaveQueue`):
    tier already holds the chunk or does not admit it), or a staging buffer (on GPUs, pinned,
    and for first tiers without two-phase puts);
 2. ``layer(i)`` (layer pipelining): copy layer ``i``'s pages of those chunks on the copy stream
-   as soon as the layer has run;
-3. ``end`` (``wait_for_save``): copy the layers not copied yet; the copy-out's completion goes
-   with the batch. In ``step`` mode the step waits for it; in ``background`` mode it does not,
-   and the blocks of a request that finishes meanwhile stay allocated until ``copy_pending``
-   says the copy is over (vLLM's delayed block freeing, see the scheduler side).
+   as soon as the layer has run (on GPUs into device memory, :class:`.transfers.LayerCopyOut`);
+3. ``end`` (``wait_for_save``): copy the layers not copied yet (on GPUs: and send each chunk
+   over the link in one transfer); the copy-out's completion goes with the batch. In ``step``
+   mode the step waits for it; in ``background`` mode it does not, and the blocks of a request
+   that finishes meanwhile stay allocated until ``copy_pending`` says the copy is over (vLLM's
+   delayed block freeing, see the scheduler side).
 
 The save thread then does everything else, off the step: it waits for the copy-out, publishes
 the chunk (``complete_put``: the first tier writes through to the slower ones in their own
@@ -34,7 +35,7 @@ import torch
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.streams import DONE, Completion, CopyStream
-from kvstack.integrations.vllm.transfers import gather_chunks
+from kvstack.integrations.vllm.transfers import LayerCopyOut
 from kvstack.kv.affinity import starting_background_threads
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
@@ -73,6 +74,7 @@ class _Batch:
     items: list[_Item] = field(default_factory=list)
     copied_layers: set[int] = field(default_factory=set)
     copied: Completion = DONE
+    copy_out: LayerCopyOut | None = None  # None: nothing to copy
 
 
 class SaveQueue:
@@ -103,9 +105,10 @@ class SaveQueue:
     # -- on the step -----------------------------------------------------------------------
     def layer(self, paged: PagedKV, step: int, saves: list[RequestIO], layer: int) -> None:
         batch = self._begin(paged, step, saves)
-        if batch.items and layer not in batch.copied_layers:
+        if batch.copy_out is not None and layer not in batch.copied_layers:
             batch.copied_layers.add(layer)
-            batch.copied = self._stream.submit(lambda: _copy_layers(paged, [layer], batch.items))
+            copy_out = batch.copy_out
+            batch.copied = self._stream.submit(lambda: copy_out.layer(layer))
 
     def end(self, paged: PagedKV, step: int, saves: list[RequestIO]) -> None:
         batch = self._begin(paged, step, saves)
@@ -113,8 +116,9 @@ class SaveQueue:
         if not batch.items:
             return
         rest = [i for i in range(paged.layout.num_layers) if i not in batch.copied_layers]
-        if rest:
-            batch.copied = self._stream.submit(lambda: _copy_layers(paged, rest, batch.items))
+        copy_out = batch.copy_out
+        if copy_out is not None and (rest or copy_out.on_device):
+            batch.copied = self._stream.submit(lambda: copy_out.end(rest))
         if self._wait_on_step:
             batch.copied.wait()
         else:
@@ -133,6 +137,9 @@ class SaveQueue:
                 item = self._target(paged, chunk, request.lora_name, direct)
                 if item is not None:
                     batch.items.append(item)
+        if batch.items:
+            indexes, targets = [i.index for i in batch.items], [i.target for i in batch.items]
+            batch.copy_out = LayerCopyOut(paged, indexes, targets)
         self._batch = batch
         return batch
 
@@ -230,10 +237,6 @@ class SaveQueue:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=30)
-
-
-def _copy_layers(paged: PagedKV, layers: list[int], items: list[_Item]) -> None:
-    gather_chunks(paged, layers, [i.index for i in items], [i.target for i in items])
 
 
 def _wait_quietly(done: Completion) -> bool:

@@ -26,6 +26,7 @@ from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import Completion, CopyStream
 from kvstack.integrations.vllm.transfers import (
+    STAGED_DEVICE_BYTES,
     DeviceStage,
     batched_by_default,
     scatter_chunks,
@@ -38,14 +39,12 @@ from kvstack.kv.keys import ChunkKey
 
 __all__ = [
     "PIPELINE_SLABS",
-    "STAGED_DEVICE_BYTES",
     "StagedChunk",
     "SyncLoadResult",
     "SyncLoader",
     "submit_layer_writes",
 ]
 
-STAGED_DEVICE_BYTES = 512 << 20  # a pipelined step's loads held on the GPU at once, at most
 PIPELINE_SLABS = 4  # layer 0 waits for a quarter of the step's loads to cross, not all
 
 

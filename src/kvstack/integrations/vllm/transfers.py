@@ -31,7 +31,9 @@ from kvstack.integrations.vllm.layout import PagedKV
 
 __all__ = [
     "GROUP_BYTES",
+    "STAGED_DEVICE_BYTES",
     "DeviceStage",
+    "LayerCopyOut",
     "batched_by_default",
     "gather_chunks",
     "scatter_chunks",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 GROUP_BYTES = 64 << 20  # device memory a batched copy may hold at once
+STAGED_DEVICE_BYTES = 512 << 20  # a step's layer-pipelined copies held on the GPU, at most
 
 
 def batched_by_default(paged: PagedKV) -> bool:
@@ -85,6 +88,63 @@ def _gather_group(
             piece if len(run) == 1 else piece.contiguous(), non_blocking=True
         )
         start = end
+
+
+class LayerCopyOut:
+    """A step's copy-out of chunks, layer by layer as layer pipelining submits it, then the
+    rest at the end of the step (each method runs on the copy stream, in order).
+
+    On GPUs, while the step's chunks fit :data:`STAGED_DEVICE_BYTES`, each layer is gathered
+    on the device as soon as it has run (one ``index_select``), and the chunks cross the link
+    at the end, once each; one transfer per chunk and layer would pay the link's fixed cost
+    ``layers`` times more often (measured on an H200 at 0.05x-0.14x of PyTorch's copy for
+    Llama-3-70B's pages). Otherwise, and on CPUs, each layer goes straight to host memory."""
+
+    def __init__(
+        self, paged: PagedKV, indexes: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]
+    ) -> None:
+        self._paged, self._indexes, self._outs = paged, list(indexes), list(outs)
+        per_layer = sum(i.numel() for i in indexes) * paged.layout.page_bytes
+        self._on_device = batched_by_default(paged) and (
+            per_layer * paged.layout.num_layers <= STAGED_DEVICE_BYTES
+        )
+        self._rows: torch.Tensor | None = None  # [layers, blocks, page], made on the stream
+        self._index = indexes[0] if indexes else torch.empty(0, dtype=torch.long)
+
+    @property
+    def on_device(self) -> bool:
+        """Whether the chunks wait on the device for :meth:`end` to send them."""
+        return self._on_device
+
+    def layer(self, layer: int) -> None:
+        if not self._on_device:
+            gather_chunks(self._paged, [layer], self._indexes, self._outs)
+            return
+        rows = self._device_rows()
+        torch.index_select(self._paged.pages[layer], 0, self._index, out=rows[layer])
+
+    def end(self, layers: Sequence[int]) -> None:
+        """Copy ``layers`` (those not copied yet), and on GPUs send every chunk over the link."""
+        if not self._on_device:
+            gather_chunks(self._paged, layers, self._indexes, self._outs)
+            return
+        for layer in layers:
+            self.layer(layer)
+        rows = self._device_rows()
+        start = 0
+        for index, out in zip(self._indexes, self._outs, strict=True):
+            end = start + index.numel()
+            out.copy_(rows[:, start:end].contiguous(), non_blocking=True)
+            start = end
+        self._rows = None  # back to the allocator, after the copies on this stream
+
+    def _device_rows(self) -> torch.Tensor:
+        if self._rows is None:
+            self._index = torch.cat(self._indexes) if len(self._indexes) > 1 else self._indexes[0]
+            layout = self._paged.layout
+            shape = (layout.num_layers, self._index.numel(), layout.page_bytes)
+            self._rows = torch.empty(shape, dtype=torch.uint8, device=self._paged.device)
+        return self._rows
 
 
 @dataclass
