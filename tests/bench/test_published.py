@@ -30,7 +30,8 @@ def _committed_results() -> list[Path]:
     listed = subprocess.run(
         ["git", "ls-files", "benchmarks/results"], cwd=ROOT, capture_output=True, text=True
     ).stdout.split()
-    return [ROOT / p for p in listed if p.endswith(".json")]
+    own = tuple(f"benchmarks/results/{d}/" for d in report.OWN_FORMAT)
+    return [ROOT / p for p in listed if p.endswith(".json") and not p.startswith(own)]
 
 
 @pytest.mark.parametrize("target", report.TARGETS, ids=str)

@@ -25,6 +25,7 @@ from pathlib import Path
 from kvstack.bench.results import Result
 
 __all__ = [
+    "OWN_FORMAT",
     "REGIONS",
     "TARGETS",
     "num",
@@ -39,6 +40,9 @@ __all__ = [
 
 ROOT = Path(__file__).resolve().parents[3]
 RESULTS = Path("benchmarks/results")
+# Result folders in their own format, not kvstack bench results: the GPU check runs on machines
+# without kvstack installed (benchmarks/gpu/check.py; benchmarks/results/gpu/README.md).
+OWN_FORMAT = frozenset({"gpu"})
 TARGETS = (Path("docs/benchmarks.md"), Path("README.md"), Path("benchmarks/README.md"))
 
 # region name -> "module:function"; the function takes the results folder, returns Markdown.
@@ -57,6 +61,7 @@ REGIONS: dict[str, str] = {
     "shared": "kvstack.bench.micro.shared_report:render",
     "lora": "kvstack.bench.lora.report_md:render",
     "epp": "kvstack.bench.micro.epp_report:render",
+    "gpu": "kvstack.bench.micro.gpu_report:render_md",
     "index": "kvstack.bench.micro.index_report:render",
     "readme": "kvstack.bench.readme_table:render",
     "commands": "kvstack.bench.report:render_commands",
@@ -123,6 +128,8 @@ def render_commands(results: Path) -> str:
 
     rows = []
     for path in sorted(results.glob("*/*.json")):
+        if path.parent.name in OWN_FORMAT:
+            continue
         r = load(path)
         posix = path.as_posix()
         rel = (

@@ -9,9 +9,20 @@ On CPU the figures are the same code's, but not what the targets are about.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-__all__ = ["COPY_RATIO_TARGET", "SLOWDOWN_TARGET", "failures", "format_table", "targets"]
+from kvstack.bench.report import table
+
+__all__ = [
+    "COPY_RATIO_TARGET",
+    "SLOWDOWN_TARGET",
+    "failures",
+    "format_table",
+    "render_md",
+    "targets",
+]
 
 COPY_RATIO_TARGET = 0.8
 SLOWDOWN_TARGET = 0.10
@@ -86,6 +97,50 @@ def format_table(result: dict[str, Any]) -> str:
     bad = result["byte_mismatches"]
     lines.append("byte-identical: every round trip" if not bad else f"BYTES DIFFER: {bad}")
     return "\n".join(lines)
+
+
+def render_md(results: Path) -> str:
+    """docs/benchmarks.md's GPU table: the newest ``gpu/check-cuda-*.json``."""
+    paths = sorted((results / "gpu").glob("check-cuda-*.json"))
+    if not paths:
+        return "_No GPU run recorded yet._"
+    path = paths[-1]
+    r = json.loads(path.read_text())
+    meta, link = r["meta"], r["link_peak"]
+    rows = []
+    for c in r["configs"]:
+        cells = [_ratio(c[w]["ratio"]) if w in c else "" for w in _ALL_WAYS]
+        o = c["overlap"]
+        rows.append([_name(c), *cells, f"{o['slowdown']:+.1%}"])
+    head = ("configuration", *(_WAY_HEADS[w] for w in _ALL_WAYS), "matmul slowdown")
+    text = table(head, rows, "l" + "r" * (len(head) - 1))
+    kv = r["kv_bench"]["tiers"]["cpu"]
+    return (
+        f"{text}\n\nRatios: the connector's copy over PyTorch's pinned `copy_` of the same bytes "
+        f"in the same round (median and min-max of {r['plan']['rounds']} rounds; target >= "
+        f"{COPY_RATIO_TARGET}x); matmul slowdown target <= {SLOWDOWN_TARGET:.0%}. Link peak "
+        f"(PyTorch, {link['bytes'] >> 20} MiB pinned): d2h {_g(link['d2h_gbps'], 1)}, h2d "
+        f"{_g(link['h2d_gbps'], 1)} GB/s. `KVCache` store / retrieve of CUDA tensors through the "
+        f"pinned `cpu://` tier: {kv['store_ratio']:.2f}x / {kv['retrieve_ratio']:.2f}x of "
+        f"PyTorch's copy. Every round trip byte-identical: "
+        f"{'yes' if not r['byte_mismatches'] else 'NO'}.\n\nMeasured {meta['utc'][:10]} on "
+        f"{meta['device_name']} (torch {meta['torch']}, CUDA {meta['cuda']}) at commit "
+        f"`{meta['git_commit'][:7]}` with `python benchmarks/gpu/check.py --device cuda` "
+        f"(`benchmarks/results/gpu/{path.name}`)."
+    )
+
+
+def _ratio(s: dict[str, Any]) -> str:
+    return f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})"
+
+
+_ALL_WAYS = ("d2h", "d2h_layers", "h2d", "h2d_layers")
+_WAY_HEADS = {
+    "d2h": "copy-out, end of step",
+    "d2h_layers": "copy-out, per layer",
+    "h2d": "load, async",
+    "h2d_layers": "load, per layer",
+}
 
 
 def _verdict(name: str, figure: float, target: str, ok: bool) -> dict[str, Any]:
