@@ -153,7 +153,7 @@ def connector_d2h(t: PagedTransfer, stream: CopyStream, per_layer: bool = False)
 
     def by_layer() -> None:  # as SaveQueue submits it: one per save_kv_layer, then the end
         copy_out = LayerCopyOut(t.paged, indexes, t.staging)
-        for layer in range(t.paged.layout.num_layers):
+        for layer in range(t.paged.layout.num_layers) if not copy_out.defers_layers else ():
             stream.submit(functools.partial(copy_out.layer, layer))
         stream.submit(functools.partial(copy_out.end, [])).wait()
 

@@ -105,7 +105,11 @@ class SaveQueue:
     # -- on the step -----------------------------------------------------------------------
     def layer(self, paged: PagedKV, step: int, saves: list[RequestIO], layer: int) -> None:
         batch = self._begin(paged, step, saves)
-        if batch.copy_out is not None and layer not in batch.copied_layers:
+        if (
+            batch.copy_out is not None
+            and not batch.copy_out.defers_layers
+            and layer not in batch.copied_layers
+        ):
             batch.copied_layers.add(layer)
             copy_out = batch.copy_out
             batch.copied = self._stream.submit(lambda: copy_out.layer(layer))

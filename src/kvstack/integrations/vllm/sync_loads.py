@@ -24,6 +24,8 @@ import torch
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
+from kvstack.integrations.vllm.paged_kernels import ChunkBuffer, kernels_usable
+from kvstack.integrations.vllm.paged_kernels import scatter as kernel_scatter
 from kvstack.integrations.vllm.streams import Completion, CopyStream
 from kvstack.integrations.vllm.transfers import (
     STAGED_DEVICE_BYTES,
@@ -159,6 +161,9 @@ def submit_layer_writes(
             stream.submit(functools.partial(_write_layer, paged, layer, staged)) for layer in layers
         ]
     indexes, pages = [s.index for s in staged], [s.pages for s in staged]
+    starts = {slab.start: slab for slab in slabs(len(layers), PIPELINE_SLABS)}
+    if kernels_usable(paged):
+        return _submit_kernel_slabs(stream, paged, indexes, pages, starts)
     stages: list[DeviceStage] = []
 
     def write(layer: int, slab: range | None) -> None:
@@ -168,3 +173,31 @@ def submit_layer_writes(
 
     starts = {slab.start: slab for slab in slabs(len(layers), PIPELINE_SLABS)}
     return [stream.submit(functools.partial(write, layer, starts.get(layer))) for layer in layers]
+
+
+def _submit_kernel_slabs(
+    stream: CopyStream,
+    paged: PagedKV,
+    indexes: list[torch.Tensor],
+    pages: list[torch.Tensor],
+    starts: dict[int, range],
+) -> list[Completion]:
+    """The kernels' way (:mod:`.paged_kernels`): at each slab's first layer, every chunk's
+    layers of that slab cross in one transfer and one kernel writes them; the slab's other
+    layers have nothing left to do."""
+    held: list[ChunkBuffer] = []  # made on the stream, at the first slab
+
+    def write(slab: range | None) -> None:
+        if slab is None:
+            return
+        if not held:
+            held.append(ChunkBuffer(paged, indexes))
+        chunks = held[0]
+        for i, src in enumerate(pages):
+            chunks.chunk(i, slab).copy_(src[slab.start : slab.stop], non_blocking=True)
+        kernel_scatter(paged, chunks.plan, chunks.words, slab)
+
+    return [
+        stream.submit(functools.partial(write, starts.get(layer)))
+        for layer in range(paged.layout.num_layers)
+    ]

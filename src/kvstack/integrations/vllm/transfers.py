@@ -12,7 +12,9 @@ and 0.06x for Llama-3-70B's share of a GPU at TP=8 in fp8 (64 KiB pieces).
 On a GPU these functions instead gather one layer of every chunk with one ``index_select``
 into a device buffer, reorder it into chunk order on the device, and cross the link once per
 chunk (or once per chunk and layer, when a single layer is copied for layer pipelining); loads
-do the reverse, one transfer per chunk and one ``index_copy_`` per layer. The device buffer is
+do the reverse, one transfer per chunk and one ``index_copy_`` per layer. Where Triton is
+there (it ships with PyTorch's CUDA wheels), one kernel replaces the per-layer operators
+(:mod:`.paged_kernels`). The device buffer is
 bounded by :data:`GROUP_BYTES` (chunks are taken in groups): the connector runs inside vLLM's
 memory budget and must not take much of the card beyond it. Everything is enqueued on the
 caller's current stream, so temporaries are reused by the caching allocator only after the
@@ -28,6 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from kvstack.integrations.vllm.layout import PagedKV
+from kvstack.integrations.vllm.paged_kernels import ChunkBuffer, kernels_usable
+from kvstack.integrations.vllm.paged_kernels import gather as kernel_gather
+from kvstack.integrations.vllm.paged_kernels import scatter as kernel_scatter
 
 __all__ = [
     "GROUP_BYTES",
@@ -110,6 +115,14 @@ class LayerCopyOut:
         )
         self._rows: torch.Tensor | None = None  # [layers, blocks, page], made on the stream
         self._index = indexes[0] if indexes else torch.empty(0, dtype=torch.long)
+        self._kernels = self._on_device and kernels_usable(paged)
+
+    @property
+    def defers_layers(self) -> bool:
+        """Whether :meth:`layer` does nothing and :meth:`end` copies every layer (with one
+        kernel, :mod:`.paged_kernels`): the blocks stay as they are until the step ends, and
+        one launch costs less than a launch per layer."""
+        return self._kernels
 
     @property
     def on_device(self) -> bool:
@@ -117,6 +130,8 @@ class LayerCopyOut:
         return self._on_device
 
     def layer(self, layer: int) -> None:
+        if self._kernels:
+            return
         if not self._on_device:
             gather_chunks(self._paged, [layer], self._indexes, self._outs)
             return
@@ -127,6 +142,13 @@ class LayerCopyOut:
         """Copy ``layers`` (those not copied yet), and on GPUs send every chunk over the link."""
         if not self._on_device:
             gather_chunks(self._paged, layers, self._indexes, self._outs)
+            return
+        if self._kernels:
+            chunks = ChunkBuffer(self._paged, self._indexes)
+            all_layers = range(self._paged.layout.num_layers)
+            kernel_gather(self._paged, chunks.plan, chunks.words, all_layers)
+            for i, out in enumerate(self._outs):
+                out.copy_(chunks.chunk(i), non_blocking=True)
             return
         for layer in layers:
             self.layer(layer)
@@ -213,7 +235,15 @@ def scatter_chunks(
             for index, src in zip(indexes, srcs, strict=True):
                 paged.scatter_layer(layer, index, src[layer])
         return
+    kernels = kernels_usable(paged)
     for group in _groups(paged, paged.layout.num_layers, indexes):
+        if kernels:
+            chunks = ChunkBuffer(paged, [indexes[i] for i in group])
+            for k, i in enumerate(group):
+                chunks.chunk(k).copy_(srcs[i], non_blocking=True)
+            all_layers = range(paged.layout.num_layers)
+            kernel_scatter(paged, chunks.plan, chunks.words, all_layers)
+            continue
         stages = upload(paged, [indexes[i] for i in group], [srcs[i] for i in group])
         for layer in range(paged.layout.num_layers):
             write_layer(paged, layer, stages)
