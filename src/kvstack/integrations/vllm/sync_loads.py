@@ -184,12 +184,11 @@ def _submit_kernel_slabs(
 ) -> list[Completion]:
     """The kernels' way (:mod:`.paged_kernels`): at each slab's first layer, every chunk's
     layers of that slab cross in one transfer and one kernel writes them; the slab's other
-    layers have nothing left to do."""
+    layers wait for that same completion (a submission per layer would cost more than the
+    write itself)."""
     held: list[ChunkBuffer] = []  # made on the stream, at the first slab
 
-    def write(slab: range | None) -> None:
-        if slab is None:
-            return
+    def write(slab: range) -> None:
         if not held:
             held.append(ChunkBuffer(paged, indexes))
         chunks = held[0]
@@ -197,7 +196,8 @@ def _submit_kernel_slabs(
             chunks.chunk(i, slab).copy_(src[slab.start : slab.stop], non_blocking=True)
         kernel_scatter(paged, chunks.plan, chunks.words, slab)
 
-    return [
-        stream.submit(functools.partial(write, starts.get(layer)))
-        for layer in range(paged.layout.num_layers)
-    ]
+    done: list[Completion] = []
+    for layer in range(paged.layout.num_layers):
+        slab = starts.get(layer)
+        done.append(stream.submit(functools.partial(write, slab)) if slab else done[-1])
+    return done
