@@ -155,6 +155,10 @@ def _check_config(
             "slowdown": overlap.slowdown,
             "transfer_repeats": overlap.transfer_repeats,
             "covered": overlap.covered,
+            "with_torch_ms": spread([s * 1e3 for s in overlap.with_torch_s]),
+            "torch_slowdown": overlap.torch_slowdown,
+            "torch_repeats": overlap.torch_repeats,
+            "torch_covered": overlap.torch_covered,
         },
     }
 

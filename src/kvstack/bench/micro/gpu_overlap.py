@@ -35,11 +35,20 @@ class Overlap:
     with_transfer_s: list[float]
     transfer_repeats: int
     covered: list[bool]
+    # the reference: PyTorch's pinned copy of the same bytes, out and back, on the same stream
+    with_torch_s: list[float]
+    torch_repeats: int
+    torch_covered: list[bool]
 
     @property
     def slowdown(self) -> float:
         """Median matmul time with the transfer running over the median alone, minus one."""
         return statistics.median(self.with_transfer_s) / statistics.median(self.alone_s) - 1
+
+    @property
+    def torch_slowdown(self) -> float:
+        """The same, with PyTorch's own copy of the bytes running instead."""
+        return statistics.median(self.with_torch_s) / statistics.median(self.alone_s) - 1
 
 
 def measure_overlap(
@@ -60,27 +69,53 @@ def measure_overlap(
     sizing = _matmul_seconds(device, matmuls)
     repeats = min(MAX_REPEATS, math.ceil(2 * sizing / transfer_s) + 2)
     copy_out, load = copy_out_work(t), load_work(t)
+    dev = torch.empty(t.num_bytes, dtype=torch.uint8, device=device)
+    host = torch.empty(t.num_bytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+
+    def torch_copies() -> None:
+        host.copy_(dev, non_blocking=True)
+        dev.copy_(host, non_blocking=True)
+
     started = threading.Event()
 
-    def transfer() -> None:
-        for _ in range(repeats):
-            copy_out()
-            load()
-            started.set()
+    def repeated(work: list[Callable[[], None]], times: int) -> Callable[[], None]:
+        def transfer() -> None:
+            for _ in range(times):
+                for step in work:
+                    step()
+                started.set()
+
+        return transfer
 
     # Loads follow no compute (as the connector's); enqueued from their own thread, as the
     # connector's load threads do, so the matmuls are enqueued while the copies still are.
     stream = make_stream(device, True, "kvstack-overlap", follow_compute=False)
-    result = Overlap(n, iters, [], [], repeats, [])
+    torch_s = _transfer_seconds(device, stream, torch_copies)
+    torch_repeats = min(MAX_REPEATS, math.ceil(2 * sizing / torch_s) + 2)
+    connector = repeated([copy_out, load], repeats)
+    reference = repeated([torch_copies], torch_repeats)
+    result = Overlap(n, iters, [], [], repeats, [], [], torch_repeats, [])
     try:
-        for _ in range(rounds):  # alone and with the transfer in turn: drift hits both
+        for _ in range(rounds):  # alone and with each transfer in turn: drift hits all
             result.alone_s.append(_matmul_seconds(device, matmuls))
-            result.with_transfer_s.append(
-                _next_to(device, transfer, started, stream, matmuls, result)
-            )
+            took, covered = _next_to(device, connector, started, stream, matmuls)
+            result.with_transfer_s.append(took)
+            result.covered.append(covered)
+            took, covered = _next_to(device, reference, started, stream, matmuls)
+            result.with_torch_s.append(took)
+            result.torch_covered.append(covered)
     finally:
         stream.close()
     return result
+
+
+def _transfer_seconds(device: torch.device, stream: CopyStream, work: Callable[[], None]) -> float:
+    stream.submit(work).wait()  # warm-up
+    sync(device)
+    start = time.perf_counter()
+    stream.submit(work).wait()
+    sync(device)
+    return max(time.perf_counter() - start, 1e-6)
 
 
 def _next_to(
@@ -89,8 +124,8 @@ def _next_to(
     started: threading.Event,
     stream: CopyStream,
     matmuls: Callable[[], None],
-    result: Overlap,
-) -> float:
+) -> tuple[float, bool]:
+    """The matmuls' seconds with ``transfer`` running, and whether it still ran at their end."""
     sync(device)
     started.clear()
     submitted: list[Completion] = []
@@ -98,10 +133,10 @@ def _next_to(
     submitter.start()
     started.wait(60)
     seconds = _matmul_seconds(device, matmuls, synced=False)
-    result.covered.append(submitter.is_alive() or not (submitted and submitted[0].done()))
+    covered = submitter.is_alive() or not (submitted and submitted[0].done())
     submitter.join()
     submitted[0].wait()
-    return seconds
+    return seconds, covered
 
 
 def _matmul_seconds(device: torch.device, work: Callable[[], None], synced: bool = True) -> float:

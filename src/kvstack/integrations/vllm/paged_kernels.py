@@ -37,12 +37,7 @@ __all__ = ["ChunkBuffer", "ChunkPlan", "gather", "kernels_usable", "plan_chunks"
 log = logging.getLogger(__name__)
 DISABLE_ENV = "KVSTACK_PAGED_KERNELS"
 WORD = 8  # bytes per element the kernels move (pages are multiples of 16 bytes)
-BLOCK = 512  # words per piece of a page a program copies at once
-# Programs per copy. The copy is small beside the transfer over the link (a 4096-token request
-# of Llama-3-70B at TP=8 moves 80-160 MiB, ~2-3 ms over PCIe 5; 32 programs copy it on the
-# device in a fraction of that), and fewer programs leave more of the GPU to the model's kernels
-# running beside it.
-PROGRAMS = 32
+BLOCK = 512  # words per program
 
 
 def kernels_usable(paged: PagedKV) -> bool:
@@ -141,12 +136,11 @@ def _launch(
         return
     pointers, block_words = table
     page_words = paged.layout.page_bytes // WORD
-    parts = -(-page_words // BLOCK)
-    pieces = plan.index.numel() * len(layers) * parts
+    grid = (plan.index.numel(), len(layers), -(-page_words // BLOCK))
     kernel = kernels[0] if to_buffer else kernels[1]
-    kernel[(min(pieces, PROGRAMS),)](
-        pointers, plan.index, plan.offsets, plan.layer_strides, buffer, layers.start,
-        len(layers), plan.index.numel(), block_words, page_words, parts, BLOCK=BLOCK,
+    kernel[grid](
+        pointers, plan.index, plan.offsets, plan.layer_strides, buffer,
+        layers.start, block_words, page_words, BLOCK=BLOCK,
     )  # fmt: skip
 
 
