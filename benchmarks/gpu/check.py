@@ -108,7 +108,9 @@ def _step(text: str) -> None:
 def _meta(args: argparse.Namespace, argv: list[str], torch: Any) -> dict[str, Any]:
     cuda = args.device.startswith("cuda")
     return {
-        "command": " ".join(["python", "benchmarks/gpu/check.py", *argv]),
+        "command": " ".join(["python", "benchmarks/gpu/check.py", *_portable(argv)]),
+        # settings read from the environment that change what is measured
+        "env": {k: os.environ[k] for k in ("KVSTACK_PAGED_KERNELS",) if k in os.environ},
         "git_commit": args.commit or os.environ.get("KVSTACK_COMMIT") or _git_commit(),
         "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "python": platform.python_version(),
@@ -120,6 +122,18 @@ def _meta(args: argparse.Namespace, argv: list[str], torch: Any) -> dict[str, An
         else platform.processor() or platform.machine(),
         "cpu_count": os.cpu_count(),
     }
+
+
+def _portable(argv: list[str]) -> list[str]:
+    """The arguments without the machine's folders: the result file by name, the scratch
+    folder as ``<dir>``."""
+    out = list(argv)
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--json":
+            out[i + 1] = Path(out[i + 1]).name
+        elif arg == "--dir":
+            out[i + 1] = "<dir>"
+    return out
 
 
 def _git_commit() -> str:
