@@ -47,7 +47,7 @@ def kernels_usable(paged: PagedKV) -> bool:
     if os.environ.get(DISABLE_ENV, "1") == "0":
         return False
     on_device = paged.device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
-    return on_device and _layers_table(paged) is not None and _kernels() is not None
+    return on_device and _layers_table(paged) is not None and _kernel() is not None
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,9 @@ def scatter(paged: PagedKV, plan: ChunkPlan, buffer: torch.Tensor, layers: range
 def _launch(
     paged: PagedKV, plan: ChunkPlan, buffer: torch.Tensor, layers: range, to_buffer: bool
 ) -> None:
-    kernels = _kernels()
+    kernel = _kernel()
     table = _layers_table(paged)
-    if kernels is None or table is None:
+    if kernel is None or table is None:
         raise RuntimeError("kvstack: the paged KV kernels cannot run here (kernels_usable)")
     if buffer.dtype != torch.int64 or buffer.numel() < plan.num_words:
         raise ValueError("the chunk buffer must be int64 and hold the plan's words")
@@ -137,10 +137,9 @@ def _launch(
     pointers, block_words = table
     page_words = paged.layout.page_bytes // WORD
     grid = (plan.index.numel(), len(layers), -(-page_words // BLOCK))
-    kernel = kernels[0] if to_buffer else kernels[1]
     kernel[grid](
         pointers, plan.index, plan.offsets, plan.layer_strides, buffer,
-        layers.start, block_words, page_words, BLOCK=BLOCK,
+        layers.start, block_words, page_words, BLOCK=BLOCK, TO_BUFFER=to_buffer,
     )  # fmt: skip
 
 
@@ -170,13 +169,14 @@ def _layers_table(paged: PagedKV) -> tuple[torch.Tensor, int] | None:
 
 
 @functools.cache
-def _kernels() -> tuple[Any, Any] | None:
+def _kernel() -> Any:
+    """The Triton kernel, or None where Triton cannot be imported or set up."""
     if importlib.util.find_spec("triton") is None:
         return None
     try:
-        from kvstack.integrations.vllm.paged_triton import buffer_to_pages, pages_to_buffer
+        from kvstack.integrations.vllm.paged_triton import copy_pages
 
-        return pages_to_buffer, buffer_to_pages
+        return copy_pages
     except Exception:  # an unusable Triton is the PyTorch path, not a failed engine
         log.warning("kvstack: Triton is installed but its kernels cannot be built", exc_info=True)
         return None
