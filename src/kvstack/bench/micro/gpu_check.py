@@ -27,6 +27,7 @@ from typing import Any
 
 from kvstack.bench.micro import gpu_measure as m
 from kvstack.bench.micro.gpu_overlap import measure_overlap
+from kvstack.bench.micro.gpu_report import WAYS
 from kvstack.bench.micro.kv import MAIN_SHAPE
 from kvstack.bench.micro.kv_device import measure_device_tiers
 from kvstack.bench.micro.kv_measure import Shape
@@ -196,10 +197,8 @@ def _copies(plan: CheckPlan, t: m.PagedTransfer) -> dict[str, Any]:
     return {**figures, "copy_byte_identical": identical, "_transfer_s": transfer_s}
 
 
-# The connector's copies and PyTorch's copy of the same bytes, per direction; "_layers": one
-# submission per layer, as layer pipelining runs them (the default).
-TIMED = ("torch_d2h", "d2h", "d2h_layers", "torch_h2d", "h2d", "h2d_layers")
-WAYS = ("d2h", "d2h_layers", "h2d", "h2d_layers")
+# The connector's copies (gpu_report.WAYS) and PyTorch's copy of the same bytes, per direction.
+TIMED = ("torch_d2h", "torch_h2d", *WAYS)
 
 
 def _timed_runs(

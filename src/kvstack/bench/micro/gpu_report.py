@@ -18,12 +18,16 @@ from kvstack.bench.report import table
 __all__ = [
     "COPY_RATIO_TARGET",
     "SLOWDOWN_TARGET",
+    "WAYS",
     "failures",
     "format_table",
     "render_md",
     "targets",
 ]
 
+# The copies the check times, against PyTorch's copy of the same bytes in the first three
+# letters' direction; "_layers": one submission per layer, as layer pipelining runs them.
+WAYS = ("d2h", "d2h_layers", "h2d", "h2d_layers")
 COPY_RATIO_TARGET = 0.8
 SLOWDOWN_TARGET = 0.10
 
@@ -110,11 +114,11 @@ def render_md(results: Path) -> str:
     meta, link = r["meta"], r["link_peak"]
     rows = []
     for c in r["configs"]:
-        cells = [_ratio(c[w]["ratio"]) if w in c else "" for w in _ALL_WAYS]
+        cells = [_ratio(c[w]["ratio"]) if w in c else "" for w in WAYS]
         o = c["overlap"]
         ref = f"{o['torch_slowdown']:+.1%}" if "torch_slowdown" in o else ""
         rows.append([_name(c), *cells, f"{o['slowdown']:+.1%}", ref])
-    head = ("configuration", *(_WAY_HEADS[w] for w in _ALL_WAYS), "matmul slowdown",
+    head = ("configuration", *(_WAY_HEADS[w] for w in WAYS), "matmul slowdown",
             "beside PyTorch's copy")  # fmt: skip
     text = table(head, rows, "l" + "r" * (len(head) - 1))
     kv = r["kv_bench"]["tiers"]["cpu"]
@@ -139,7 +143,6 @@ def _ratio(s: dict[str, Any]) -> str:
     return f"{s['median']:.2f}x ({s['min']:.2f}-{s['max']:.2f})"
 
 
-_ALL_WAYS = ("d2h", "d2h_layers", "h2d", "h2d_layers")
 _WAY_HEADS = {
     "d2h": "copy-out, end of step",
     "d2h_layers": "copy-out, per layer",
@@ -155,7 +158,7 @@ def _verdict(name: str, figure: float, target: str, ok: bool) -> dict[str, Any]:
 def _ways(c: dict[str, Any]) -> list[str]:
     """The copies a configuration was timed with ("_layers": one submission per layer, as
     layer pipelining runs them; results before it have only the others)."""
-    return [w for w in ("d2h", "d2h_layers", "h2d", "h2d_layers") if w in c]
+    return [w for w in WAYS if w in c]
 
 
 def _name(c: dict[str, Any]) -> str:

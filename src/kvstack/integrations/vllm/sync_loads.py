@@ -171,7 +171,6 @@ def submit_layer_writes(
             stages.extend(upload(paged, indexes, pages, slab))
         write_layer(paged, layer, stages)
 
-    starts = {slab.start: slab for slab in slabs(len(layers), PIPELINE_SLABS)}
     return [stream.submit(functools.partial(write, layer, starts.get(layer))) for layer in layers]
 
 

@@ -84,14 +84,18 @@ def _gather_group(
     )
     for j, layer in enumerate(run):
         torch.index_select(paged.pages[layer], 0, index, out=rows[j])
+    _send_chunks(rows, indexes, [out[run.start : run.stop] for out in outs])
+
+
+def _send_chunks(rows: torch.Tensor, indexes: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    """Layer-major device ``rows`` (``[layers, blocks, page]``, the chunks' blocks in order)
+    into each chunk's host ``out``: one transfer per chunk, so the link's fixed cost is paid
+    once, not once per layer."""
     start = 0
     for chunk_index, out in zip(indexes, outs, strict=True):
         end = start + chunk_index.numel()
         piece = rows[:, start:end]
-        # one transfer per chunk: the link's fixed cost is paid once, not once per layer
-        out[run.start : run.stop].copy_(
-            piece if len(run) == 1 else piece.contiguous(), non_blocking=True
-        )
+        out.copy_(piece if len(rows) == 1 else piece.contiguous(), non_blocking=True)
         start = end
 
 
@@ -113,8 +117,8 @@ class LayerCopyOut:
         self._on_device = batched_by_default(paged) and (
             per_layer * paged.layout.num_layers <= STAGED_DEVICE_BYTES
         )
-        self._rows: torch.Tensor | None = None  # [layers, blocks, page], made on the stream
-        self._index = indexes[0] if indexes else torch.empty(0, dtype=torch.long)
+        # [layers, blocks, page] and the chunks' block ids in order, made on the stream
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None
         self._kernels = self._on_device and kernels_usable(paged)
 
     @property
@@ -135,8 +139,8 @@ class LayerCopyOut:
         if not self._on_device:
             gather_chunks(self._paged, [layer], self._indexes, self._outs)
             return
-        rows = self._device_rows()
-        torch.index_select(self._paged.pages[layer], 0, self._index, out=rows[layer])
+        rows, index = self._device_rows()
+        torch.index_select(self._paged.pages[layer], 0, index, out=rows[layer])
 
     def end(self, layers: Sequence[int]) -> None:
         """Copy ``layers`` (those not copied yet), and on GPUs send every chunk over the link."""
@@ -152,20 +156,16 @@ class LayerCopyOut:
             return
         for layer in layers:
             self.layer(layer)
-        rows = self._device_rows()
-        start = 0
-        for index, out in zip(self._indexes, self._outs, strict=True):
-            end = start + index.numel()
-            out.copy_(rows[:, start:end].contiguous(), non_blocking=True)
-            start = end
+        _send_chunks(self._device_rows()[0], self._indexes, self._outs)
         self._rows = None  # back to the allocator, after the copies on this stream
 
-    def _device_rows(self) -> torch.Tensor:
+    def _device_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rows is None:
-            self._index = torch.cat(self._indexes) if len(self._indexes) > 1 else self._indexes[0]
+            index = torch.cat(self._indexes) if len(self._indexes) > 1 else self._indexes[0]
             layout = self._paged.layout
-            shape = (layout.num_layers, self._index.numel(), layout.page_bytes)
-            self._rows = torch.empty(shape, dtype=torch.uint8, device=self._paged.device)
+            shape = (layout.num_layers, index.numel(), layout.page_bytes)
+            rows = torch.empty(shape, dtype=torch.uint8, device=self._paged.device)
+            self._rows = (rows, index)
         return self._rows
 
 
