@@ -76,17 +76,24 @@ def test_running_gauges_and_lora_info_while_busy(sim_fleet: FleetFactory, tmp_pa
     def long_request(model: str) -> None:
         httpx.post(
             url + "/v1/completions",
-            json={"model": model, "prompt": "t20", "max_tokens": 100},
-            timeout=30,
+            json={"model": model, "prompt": "t20", "max_tokens": 400},
+            timeout=60,
         )
 
     threads = [threading.Thread(target=long_request, args=("a1",))]
     threads += [threading.Thread(target=long_request, args=("sim-model",)) for _ in range(2)]
     for t in threads:
         t.start()
-    time.sleep(0.3)
-    text = httpx.get(url + "/metrics").text
-    assert samples(text, "vllm:num_requests_running")[0].value == 3
+    # A loaded host may take a while to get all three requests in: wait for them (each runs
+    # 400 steps of >= 10 ms, so all three are still running when the third arrives).
+    deadline = time.monotonic() + 3.0
+    while True:
+        text = httpx.get(url + "/metrics").text
+        running = samples(text, "vllm:num_requests_running")[0].value
+        if running == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert running == 3
     assert samples(text, "vllm:kv_cache_usage_perc")[0].value > 0
     info = max(samples(text, "vllm:lora_requests_info"), key=lambda s: s.value)
     assert info.labels == {
