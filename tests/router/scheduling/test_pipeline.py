@@ -15,6 +15,8 @@ from kvstack.router.fleet.engine_metrics import ScrapedMetrics
 from kvstack.router.request import RoutingRequest
 from kvstack.router.scheduling.pipeline import Pipeline, eligible_backends, preset
 from kvstack.router.scheduling.plugins import FILTERS, PICKERS, SCORERS, PluginContext
+from kvstack.router.scheduling.plugins.base import Candidate
+from kvstack.router.scheduling.plugins.pickers import MaxScorePicker
 from kvstack.router.scheduling.plugins.session import rendezvous_rank
 
 
@@ -83,9 +85,19 @@ def test_round_robin_rotates_and_says_so() -> None:
     p = pipeline("round_robin")
     backends = [state("a"), state("b"), state("c")]
     decisions = [p.decide(request(), backends) for _ in range(6)]
-    assert [d.backend.id for d in decisions][:3] == ["b", "c", "a"]
-    assert Counter(d.backend.id for d in decisions) == {"a": 2, "b": 2, "c": 2}
+    assert [d.backend.id for d in decisions] == ["a", "b", "c", "a", "b", "c"]
     assert {d.reason for d in decisions} == {"round_robin"}
+
+
+def test_max_score_ties_go_to_the_backend_chosen_least_recently() -> None:
+    # The tie set shifts between picks (here b and c tie while a scores lower); a counter
+    # modulo the number of ties would send the second pick to b again and leave c idle.
+    picker = MaxScorePicker(PluginContext())
+    a, b, c = state("a"), state("b"), state("c")
+    every = [(a, 1.0), (b, 1.0), (c, 1.0)]
+    rounds = [every, [(b, 1.0), (c, 1.0), (a, 0.5)], every, [(c, 2.0), (a, 1.0)], every[:2]]
+    picks = [picker.pick(request(), [Candidate(s, v) for s, v in r]).backend.id for r in rounds]
+    assert picks == ["a", "b", "c", "c", "a"]
 
 
 def test_random_picks_every_backend() -> None:

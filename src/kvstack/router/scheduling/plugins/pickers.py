@@ -19,7 +19,11 @@ def _ties(candidates: Sequence[Candidate]) -> list[Candidate]:
 
 
 class MaxScorePicker(Picker):
-    """The best score; ties rotate round-robin (so no scorers at all means round-robin)."""
+    """The best score; among ties the backend this picker chose least recently (never chosen
+    first, in candidate order). With no scorers that is round-robin. A counter taken modulo
+    the number of ties is not: when the tie set changes between picks (a backend's load score
+    moves, one gains a prefix), it can land on the backend it just chose and leave another
+    idle."""
 
     name = "max_score"
     tie_reason = "round_robin"
@@ -27,13 +31,20 @@ class MaxScorePicker(Picker):
     def __init__(self, context: PluginContext) -> None:
         super().__init__(context)
         self._turn = 0
+        self._last: dict[str, int] = {}  # backend id -> the turn it was last chosen
 
     def pick(self, request: RoutingRequest, candidates: Sequence[Candidate]) -> Candidate:
         ties = _ties(candidates)
-        if len(ties) == 1:
-            return ties[0]
+        if len(ties) > 1:
+            chosen = min(ties, key=lambda c: self._last.get(c.backend.id, -1))
+        else:
+            chosen = ties[0]
         self._turn += 1
-        return ties[self._turn % len(ties)]
+        self._last[chosen.backend.id] = self._turn
+        if len(self._last) > 4 * len(candidates) + 64:  # backends that left the fleet
+            live = {c.backend.id for c in candidates}
+            self._last = {k: v for k, v in self._last.items() if k in live}
+        return chosen
 
 
 class RandomPicker(Picker):
