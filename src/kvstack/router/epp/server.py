@@ -96,11 +96,15 @@ class ExtProcService(ext_proc_grpc.ExternalProcessorServicer):  # type: ignore[m
                     return
                 watchdog.waiting = False
                 watchdog.touch()
-                for response in await stream.handle(message):
-                    yield response
+                responses = await stream.handle(message)
                 if deciding and (stream.placement is not None or stream.done):
+                    # Before the pick goes out: the generator stays suspended at its yield
+                    # until gRPC has sent it, and a stream arriving meanwhile must find the
+                    # place free.
                     deciding = False
                     gate.leave()
+                for response in responses:
+                    yield response
                 if stream.done:
                     return
         except asyncio.CancelledError:
