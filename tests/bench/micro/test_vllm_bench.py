@@ -209,3 +209,19 @@ def test_the_in_flight_window_ends_at_the_first_scrape_that_counts_the_load_done
 
 def _broken() -> None:
     raise RuntimeError("the stream broke")
+
+
+def test_the_load_breakdown_is_the_mean_of_each_timing_and_none_without_loads() -> None:
+    from kvstack.bench.micro.vllm_interference import _load_breakdown
+
+    text = "\n".join([
+        "# TYPE kvstack_connector_async_fetch_seconds histogram",
+        'kvstack_connector_async_fetch_seconds_sum{model_name="m"} 0.9',
+        'kvstack_connector_async_fetch_seconds_count{model_name="m"} 3',
+        "# TYPE kvstack_connector_async_load_seconds histogram",
+        'kvstack_connector_async_load_seconds_sum{model_name="m"} 1.2',
+        'kvstack_connector_async_load_seconds_count{model_name="m"} 3',
+    ]) + "\n"  # fmt: skip
+    breakdown = _load_breakdown(text)
+    assert breakdown == {"step_s_mean": None, "fetch_s_mean": pytest.approx(0.3),
+                         "reported_s_mean": pytest.approx(0.4)}  # fmt: skip

@@ -54,6 +54,7 @@ def test_an_async_load_writes_every_block_and_is_reported_once(kv: KVCache) -> N
     finished = wait_finished(loader)
     assert finished.req_ids == {"r1"} and not finished.failed_blocks
     assert finished.loaded_blocks == 4 and len(finished.seconds) == 1
+    assert len(finished.fetch_seconds) == 1 and finished.fetch_seconds[0] <= finished.seconds[0]
     assert torch.equal(memory[:, [5, 9]], chunk_of(1))
     assert torch.equal(memory[:, [3, 4]], chunk_of(2))
     assert loader.take_finished().req_ids == set() and loader.num_pending == 0
@@ -94,6 +95,7 @@ def test_a_timed_out_load_is_reported_and_never_written_afterwards(kv: KVCache) 
     assert gate.entered.wait(5)  # chunk 0 written, the read of chunk 1 hangs
     finished = wait_finished(loader)
     assert finished.timeouts == 1 and finished.failed_blocks == {2, 3}
+    assert finished.fetch_seconds == []  # the thread was not done: no fetch time to report
     gate.release.set()  # the tier answers after all
     time.sleep(0.2)
     assert torch.equal(memory[:, [0, 1]], chunk_of(1))

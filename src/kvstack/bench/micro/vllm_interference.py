@@ -115,7 +115,26 @@ def interference(
                     results[label]["hit_tokens"] = metric_value(
                         e, "kvstack_connector_hit_tokens_total"
                     )
+                    results[label]["load_breakdown"] = _load_breakdown(scrape(e))
     return results
+
+
+# Where a load's time goes, means over the arm's loads (seconds): ``step`` the engine step
+# waiting for synchronous loads, ``fetch`` an asynchronous load's threads (fetch and write),
+# ``reported`` its start to the step that reports it to vLLM (fetch plus the wait for it).
+BREAKDOWN = {
+    "step": "kvstack_connector_load_seconds",
+    "fetch": "kvstack_connector_async_fetch_seconds",
+    "reported": "kvstack_connector_async_load_seconds",
+}
+
+
+def _load_breakdown(text: str) -> dict[str, float | None]:
+    out: dict[str, float | None] = {}
+    for name, metric in BREAKDOWN.items():
+        count = metric_value(text, f"{metric}_count")
+        out[f"{name}_s_mean"] = metric_value(text, f"{metric}_sum") / count if count else None
+    return out
 
 
 def _store(

@@ -184,6 +184,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
             f"{num(a['loading_p50_ms']['median'])} / {num(a['loading_p99_ms']['median'])}",
             _spread(a["p99_ratio"], times),
             _spread(a["in_flight_p99_ratio"], times) if "in_flight_p99_ratio" in a else "",
+            _load_time(a.get("load_breakdown")),
             str(len(a.get("errors", []))),
             _async_targets(res, arm),
         ))  # fmt: skip
@@ -199,9 +200,19 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
     )
     headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
                "during the load", "p99 during / before (min–max)",
-               "p99 while the load is in flight / before", "stream errors",
+               "p99 while the load is in flight / before",
+               "load ms: in the step / fetch off it / till reported", "stream errors",
                "target")  # fmt: skip
-    return intro, table(headers, rows, "lrrrrrrl")
+    return intro, table(headers, rows, "lrrrrrrrl")
+
+
+def _load_time(breakdown: dict[str, float | None] | None) -> str:
+    """Mean seconds of the arm's loads in the engine step (sync), on the load threads (async)
+    and from start to the step that reported them (async); "" for results without them."""
+    if not breakdown:
+        return ""
+    parts = [breakdown.get(f"{k}_s_mean") for k in ("step", "fetch", "reported")]
+    return " / ".join("–" if v is None else f"{v * 1000:.0f}" for v in parts)
 
 
 def _multi_turn(res: dict[str, Any]) -> tuple[str, str]:

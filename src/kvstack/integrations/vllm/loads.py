@@ -51,6 +51,7 @@ class FinishedLoads:
     failed_chunks: int = 0
     timeouts: int = 0
     seconds: list[float] = field(default_factory=list)  # start to finish, per job
+    fetch_seconds: list[float] = field(default_factory=list)  # start to the thread done
     samples: list[LoadSample] = field(default_factory=list)  # jobs that wrote something
 
 
@@ -168,6 +169,8 @@ class AsyncLoader:
                 timed_out = not job.fetched_all
                 job.abandoned = True
                 written = job.written
+                if not timed_out:
+                    out.fetch_seconds.append(job.fetch_seconds)
                 if not timed_out and written:
                     out.samples.append(
                         LoadSample(job.request.req_id, written, job.fetch_seconds, False)

@@ -50,6 +50,8 @@ HISTOGRAMS: dict[str, str] = {
     "lookup_seconds": "Question to answer of the workers' prefix lookups (the scheduler "
     "waits at most 2 ms per step for one; the request waits the rest)",
     "async_load_seconds": "Start to finish of asynchronous loads (off the step)",
+    "async_fetch_seconds": "Start of asynchronous loads to their threads being done (fetched "
+    "and written); async_load_seconds adds the wait for the step that reports them",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
     "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",
 }

@@ -222,6 +222,8 @@ class WorkerSide:
         self.load_samples += loads.samples
         for seconds in loads.seconds:
             self.stats.observe("async_load_seconds", seconds)
+        for seconds in loads.fetch_seconds:
+            self.stats.observe("async_fetch_seconds", seconds)
         self._count_loaded(loads.loaded_blocks, loads.failed_chunks)
         self.stats.add("load_timeouts", loads.timeouts)
 
