@@ -348,3 +348,26 @@ def test_a_chunk_removed_after_its_file_is_written_but_before_it_is_indexed(
     assert tier.stats().entries == 1
     tier.check_integrity()
     tier.close()
+
+
+@pytest.mark.parametrize("readers", [1, 4])
+def test_a_batch_read_fills_every_buffer_and_names_each_miss(tmp_path: Path, readers: int) -> None:
+    tier = make_tier(f"file://{tmp_path}?size=5MiB&readers={readers}")
+    assert isinstance(tier, FileTier) and tier.readers == readers
+    written(tier, 6)
+    (tmp_path / tier._path(key(3)).removeprefix(f"{tmp_path}/")).unlink()  # gone from disk
+    keys = [key(i) for i in range(6)] + [key(99)]
+    with torch.inference_mode():  # as in vLLM's worker: its staging buffers are inference tensors
+        outs = [torch.zeros_like(chunk(0)) for _ in keys]
+        found = tier.get_many_into(keys, outs)
+    assert found == [True, True, True, False, True, True, False]
+    for i in (0, 1, 2, 4, 5):
+        assert torch.equal(outs[i], chunk(i))
+    with pytest.raises(ValueError, match="2 keys but 1 output buffers"):
+        tier.get_many_into(keys[:2], outs[:1])
+    tier.close()
+
+
+def test_readers_must_be_a_positive_count(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file tier readers must be a positive integer"):
+        make_tier(f"file://{tmp_path}?readers=0")

@@ -1,4 +1,4 @@
-"""``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1&policy=lru``
+"""``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1&policy=lru&readers=4``
 → the file tier's settings, each checked with the bad value named."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ class FileOptions(NamedTuple):
     compression: str
     level: int
     policy: str
+    readers: int
 
 
 def parse_file_url(url: TierURL) -> FileOptions:
@@ -38,6 +39,7 @@ def parse_file_url(url: TierURL) -> FileOptions:
         compression=url.pop("compression", "none") or "none",
         level=_positive_int(url.pop("level", "1") or "1", "file tier compression level"),
         policy=url.pop("policy", "lru") or "lru",
+        readers=_positive_int(url.pop("readers", "4") or "4", "file tier readers"),
     )
     url.reject_unknown()
     return options

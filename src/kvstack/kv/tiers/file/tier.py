@@ -1,12 +1,16 @@
-"""``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1`` —
-chunks on local disk, one file each (layout and atomicity: :mod:`.chunkfile`).
+"""``file:///var/kv?size=100GiB&fsync=false&queue=64&queue_size=1GiB&compression=none&level=1&readers=4``
+— chunks on local disk, one file each (layout and atomicity: :mod:`.chunkfile`).
 
 Writes go through a bounded background queue (:mod:`kvstack.kv.tiers.writer`; ``queue`` chunks
 waiting and ``queue_size`` bytes at most), so ``put`` never waits for the disk: when the queue is
 full the write is dropped and counted. Chunks waiting in the queue are served from memory. A
 failed write (disk full, I/O error) is logged once per incident, counted, and leaves no file
 behind; the tier keeps serving what it holds. Reads verify header, file length and payload
-checksum; a corrupt or truncated file is deleted and reported as a miss.
+checksum; a corrupt or truncated file is deleted and reported as a miss. A load of several
+chunks reads up to ``readers`` files at once: a chunk file not in the page cache costs a disk
+round trip, and one read after another leaves the disk idle in between (32 cold 3 MiB chunks
+on a 2-core host's virtual disk: 62.7 ms one by one, 54.9 ms four at a time, medians of 9
+paired runs; a local NVMe drive serves more reads at once than that).
 
 At start the index is rebuilt from the directory (oldest files first in eviction order): every chunk
 file's header and length are checked, bad ones deleted, temporary files of dead writers removed, and
@@ -20,14 +24,17 @@ adopted on first ``contains`` or read. Each process enforces the budget over the
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from kvstack.errors import ChunkFormatError, ConfigError
+from kvstack.kv.affinity import enter_background
 from kvstack.kv.format import DTYPES, HEADER_BYTES, compress, encode_header
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.seal import SealFields
@@ -62,9 +69,13 @@ class FileTier(Tier):
         policy: str = "lru",
         name: str = "file",
         trust: ChunkTrust | None = None,
+        readers: int = 4,
     ) -> None:
         super().__init__(name, trust)
         check_file_options(capacity_bytes, queue_depth, queue_bytes, compression)
+        self.readers = readers
+        self._read_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._read_pool_lock = threading.Lock()
         self.root = Path(root)
         self._root = str(self.root)
         self.capacity_bytes = capacity_bytes
@@ -97,7 +108,7 @@ class FileTier(Tier):
         return cls(
             o.root, o.capacity_bytes, fsync=o.fsync, queue_depth=o.queue_depth,
             queue_bytes=o.queue_bytes, compression=o.compression, level=o.level, policy=o.policy,
-            name=name, trust=trust,
+            name=name, trust=trust, readers=o.readers,
         )  # fmt: skip
 
     def _path(self, key: ChunkKey) -> str:
@@ -175,6 +186,29 @@ class FileTier(Tier):
             out.copy_(target)
         self._read_ok(key, header.stored_bytes, start)
         return True
+
+    def get_many_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        if len(keys) != len(outs):
+            raise ValueError(f"{len(keys)} keys but {len(outs)} output buffers")
+        if self.readers <= 1 or len(keys) <= 1:
+            return [self.get_into(k, o) for k, o in zip(keys, outs, strict=True)]
+        # The buffers may be inference tensors (vLLM's worker makes its staging buffers in
+        # inference mode), which only code in inference mode may write: read in the caller's.
+        inference = torch.is_inference_mode_enabled()
+
+        def read(key: ChunkKey, out: torch.Tensor) -> bool:
+            with torch.inference_mode(inference):
+                return self.get_into(key, out)
+
+        return list(self._readers().map(read, keys, outs))
+
+    def _readers(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._read_pool_lock:
+            if self._read_pool is None:  # started on first use, on the background CPUs
+                self._read_pool = concurrent.futures.ThreadPoolExecutor(
+                    self.readers, f"{self.name}-read", initializer=enter_background
+                )
+            return self._read_pool
 
     def _read_ok(self, key: ChunkKey, stored_bytes: int, start: float) -> None:
         path = self._path(key)  # adopt only a file that is still there (not evicted meanwhile)
@@ -330,6 +364,10 @@ class FileTier(Tier):
 
     def close(self) -> None:
         self._writer.close(timeout_s=None)  # a local disk: write everything queued
+        with self._read_pool_lock:
+            pool, self._read_pool = self._read_pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _gauges(self) -> tuple[int, int]:
         return self._index.usage()
