@@ -138,8 +138,9 @@ async def test_routers_and_peers_ride_through_a_failover(
             # finds prompt b; engine A's announcer writes to the new primary.
             assert await ask(http, router.url, PROMPTS["c"]) == (200, ids[holder])
             assert (await asyncio.to_thread(cache_b.lookup, tokens_b)) == len(tokens_b)
-            assert link.announcer is not None
-            reports, announcer = link.announcer.reports, link.announcer
+            announcer = link.announcer
+            assert announcer is not None
+            reports = announcer.reports
             await asyncio.to_thread(  # a heartbeat is due every 0.2 s
                 sentinel.wait, lambda: announcer.reports > reports
             )

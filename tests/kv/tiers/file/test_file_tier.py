@@ -355,7 +355,7 @@ def test_a_batch_read_fills_every_buffer_and_names_each_miss(tmp_path: Path, rea
     tier = make_tier(f"file://{tmp_path}?size=5MiB&readers={readers}")
     assert isinstance(tier, FileTier) and tier.readers == readers
     written(tier, 6)
-    (tmp_path / tier._path(key(3)).removeprefix(f"{tmp_path}/")).unlink()  # gone from disk
+    Path(tier._path(key(3))).unlink()  # gone from disk
     keys = [key(i) for i in range(6)] + [key(99)]
     with torch.inference_mode():  # as in vLLM's worker: its staging buffers are inference tensors
         outs = [torch.zeros_like(chunk(0)) for _ in keys]
