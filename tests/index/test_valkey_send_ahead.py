@@ -171,3 +171,22 @@ def test_send_ahead_is_a_url_setting_a_cluster_cannot_use() -> None:
         parse_valkey_url("redis://a:1,b:2/0?cluster=true&send_ahead=64")
     with pytest.raises(ConfigError, match="send_ahead"):
         parse_valkey_url("redis://h:6379/0?send_ahead=-1")
+
+
+def test_commands_are_packed_as_redis_py_packs_them() -> None:
+    """The send-ahead driver packs with hiredis directly; the bytes on the wire must be what
+    redis-py itself would have sent for the same commands (a lookup's and a locate's)."""
+    import redis
+
+    from kvstack.index.valkey import connect
+    from kvstack.index.valkey.layout import KeyLayout
+    from kvstack.index.valkey.reads import IndexReader
+
+    assert connect.hiredis is not None  # the redis extra installs hiredis
+    reader = IndexReader(KeyLayout("kv", 16), parse_valkey_url("redis://h:6379/0"))
+    mgets, _ = reader.layout.mget_commands(KEYS)
+    commands = [reader._state, reader._snapshot_command, *mgets, ("MGET", b"\x00\xff\r\n", 7)]
+    conn = redis.Connection()
+    ours = b"".join(connect._packed(conn, commands))
+    assert ours == b"".join(conn.pack_commands(commands))
+    assert ours.startswith(b"*5\r\n$4\r\nEVAL\r\n")
