@@ -55,6 +55,10 @@ def test_key_format_is_pinned() -> None:
         "546d4b8b8375ed6947c5fec7db673f8a",
         "c8c50fb0ca989b96fdb4c309a310c4fb",
     ]
+    # A partial last chunk is prefixed with its own length, not the chunk size.
+    partial = chunk_keys(list(range(11)), Namespace("m"), 4, partial=True)
+    assert partial[:2] == keys
+    assert partial[2] == _golden_chain(keys[1], list(range(8, 11)))
 
 
 def _golden_namespace() -> str:
