@@ -163,12 +163,15 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
         "recompute": arm(26.0, 9000.0), "vllm-hit": arm(0.2, 160.0),
         "file/sync": arm(0.7, 680.0), "file/async": arm(0.46, 160.0, 60.5),
     }  # fmt: skip
+    # Each of the four decodes makes one token a step: 28, 32 and 36 tokens are 7, 8, 9 steps.
+    res["file/async"]["rounds"] = [{"loading": {"samples": n}} for n in (32.0, 28.0, 36.0)]
     _save(tmp_path, "vllm-interference-2026-12-03.json", res, ["--scenario", "interference"])
     text = render_scenarios(tmp_path)
     hit_row = next(line for line in text.splitlines() if line.startswith("| vllm-hit |"))
     assert "2.91×" in hit_row  # its own window's p99 over before, judged by no bar
     row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
     assert "1.10×" in row  # in flight: 60.5 / 55
+    assert "| 8 (7–9) |" in row  # engine steps while the loader waited, from the decodes' tokens
     assert "ITL p99 ≤ 1.25× before: **missed**" in row  # the bar, on the whole window as written
     assert "ITL p99 during 1.00× vLLM's own hit's" in row
 

@@ -84,7 +84,11 @@ def interference(
     prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
     decodes = [prompts(DECODE_PROMPT_TOKENS) for _ in range(NUM_DECODES)]
     kv_dir = engines.work / "slow-kv"
-    results: dict[str, Any] = {"prefix_tokens": prefix_tokens, "rounds": rounds}
+    results: dict[str, Any] = {
+        "prefix_tokens": prefix_tokens,
+        "rounds": rounds,
+        "decodes": NUM_DECODES,
+    }
     with _redis(engines.work) as redis_url:
         tiers = {"file": f"file://{kv_dir}?size=40GiB", "redis": redis_url}
         _store(engines, prefixes, kv_dir, redis_url)

@@ -7,6 +7,7 @@ is met only when the upper end of the 95% interval of the median ratio is within
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
             f"{num(a['loading_p50_ms']['median'])} / {num(a['loading_p99_ms']['median'])}",
             _spread(a["p99_ratio"], times),
             _spread(a["in_flight_p99_ratio"], times) if "in_flight_p99_ratio" in a else "",
+            _steps(a, res.get("decodes", 4)),
             _load_time(a.get("load_breakdown")),
             str(len(a.get("errors", []))),
             _async_targets(res, arm),
@@ -196,14 +198,26 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
         f"costs the decodes: the hit request's first step, its suffix attending to the whole "
         f"prefix, runs in their batch), `auto` the default load mode (it picks sync or async "
         f'by measured cost). "In flight" ends when the engine\'s `/metrics`, scraped every '
-        f"50 ms, first counts the asynchronous load finished. " + _itl_source(res)
+        f'50 ms, first counts the asynchronous load finished. "Steps" are the engine steps '
+        f"taken while the loader waited for its first token (the decodes' tokens in that "
+        f"window over the number of decodes: each decode makes one token a step). "
+        + _itl_source(res)
     )
     headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
                "during the load", "p99 during / before (min–max)",
-               "p99 while the load is in flight / before",
+               "p99 while the load is in flight / before", "steps (min–max)",
                "load ms: in the step / fetch off it / till reported", "stream errors",
                "target")  # fmt: skip
-    return intro, table(headers, rows, "lrrrrrrrl")
+    return intro, table(headers, rows, "lrrrrrrrrl")
+
+
+def _steps(arm: dict[str, Any], decodes: int) -> str:
+    """Engine steps during the loader's TTFT, median (min–max) over rounds: every running
+    decode makes one token a step, so the window's ITL observations over ``decodes``."""
+    steps = [r["loading"]["samples"] / decodes for r in arm.get("rounds", []) if decodes]
+    if not steps:
+        return ""
+    return f"{statistics.median(steps):.0f} ({min(steps):.0f}–{max(steps):.0f})"
 
 
 def _load_time(breakdown: dict[str, float | None] | None) -> str:
