@@ -46,13 +46,37 @@ def test_several_routers_ask_at_once(tmp_path: Path) -> None:
     for figures in fleet.values():
         assert figures["n"] == 2 * 4 and figures["lookups_per_s"] > 0
         assert 0 < figures["p50_ms"] <= figures["p99_ms"]
+        # Paced: every backend at the same offered load, a share of the slowest's rate; each
+        # router asks lookups // routers times, a round's worth per round.
+        assert (
+            figures["paced_n"] == 2 * 2 and 0 < figures["paced_p50_ms"] <= figures["paced_p99_ms"]
+        )
+    offered = {f["paced_per_s"] for f in fleet.values()}
+    slowest = min(f["lookups_per_s"] for f in fleet.values())
+    assert len(offered) == 1 and offered.pop() == pytest.approx(index_routers.PACED_SHARE * slowest)
     assert "routers_2_valkey_p99_over_zmq_p99" in result["verdict"]
+    assert "routers_2_paced_valkey_p99_over_zmq_p99" in result["verdict"]
     published = tmp_path / "results" / "index"
     published.mkdir(parents=True)
     (published / "index-2026-01-01.json").write_text(out.read_text())
     table = index_report.render(tmp_path / "results")
     assert "| 2 | Valkey |" in table and "p99 / ZMQ's" in table
+    assert "paced p99 / ZMQ's" in table and "70% of the slowest backend's" in table
     assert "p99 ≤ ZMQ's: " in table and "(rounds: " in table  # each round's ratio, too
+
+
+def test_paced_arrivals_offer_the_asked_load_interleaved_and_alike_for_every_backend() -> None:
+    """Poisson arrivals: all routers together near the asked rate, each router's first arrival
+    offset so that they do not start in step, and the same times for the same seed (every
+    backend in a round is asked on the same schedule)."""
+    arrivals = index_routers._arrivals(4, 2000, per_s=400.0, seed=3)
+    assert arrivals == index_routers._arrivals(4, 2000, per_s=400.0, seed=3)
+    assert arrivals != index_routers._arrivals(4, 2000, per_s=400.0, seed=4)
+    assert [times[0] for times in arrivals] == pytest.approx([0.0, 0.0025, 0.005, 0.0075])
+    for times in arrivals:
+        assert times == sorted(times)
+        rate = (len(times) - 1) / (times[-1] - times[0])  # one router: 100/s
+        assert 90 < rate < 110
 
 
 def test_router_counts_are_checked() -> None:

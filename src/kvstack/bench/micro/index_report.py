@@ -116,20 +116,56 @@ def _routers(res: dict[str, object]) -> list[str]:
         for name, f in arms.items():
             ratio = "" if name == "service_zmq" else f"{f['p99_ms'] / zmq['p99_ms']:.2f}×"
             rate = f"{f['lookups_per_s']:,.0f}"
-            cells = (f"{f['p50_ms']:.2f}", f"{f['p99_ms']:.2f}", ratio, rate)
-            rows.append((count, _NAMES.get(name, name), *cells, f["n"]))
+            cells = (f"{f['p50_ms']:.2f}", f"{f['p99_ms']:.2f}", ratio, rate, f"{f['n']:,}")
+            rows.append((count, _NAMES.get(name, name), *cells, *_paced(f, zmq, name)))
     return [
         "",
         "The same lookup from several routers asking at once, each its own process on this "
         "machine (the chart runs 2 to 8 router replicas; here they share its cores with the "
-        "index, so what a router's own CPU buys in a fleet does not show):",
+        "index, so what a router's own CPU buys in a fleet does not show). Back to back, a "
+        "backend that answers faster is asked more often; paced, every backend is asked at the "
+        f"same offered load ({_share(fleet)} of the slowest backend's back-to-back rate, "
+        "Poisson arrivals, each lookup timed from its arrival):",
         "",
         table(
-            ("routers", "backend", "p50 ms", "p99 ms", "p99 / ZMQ's", "lookups/s, all", "lookups"),
+            (
+                "routers",
+                "backend",
+                "p50 ms",
+                "p99 ms",
+                "p99 / ZMQ's",
+                "lookups/s, all",
+                "lookups",
+                "paced: lookups/s",
+                "paced p50 / p99 ms",
+                "paced p99 / ZMQ's",
+            ),
             rows,
-            "llrrrrr",
+            "llrrrrrrrr",
         ),
     ]
+
+
+def _share(fleet: dict[str, Any]) -> str:
+    """The paced load as a share of the slowest backend's back-to-back rate ("a share" in
+    results from before the bench paced its routers)."""
+    arms = next(iter(fleet.values()))
+    if not all("paced_per_s" in f for f in arms.values()):
+        return "a share"
+    slowest = min(f["lookups_per_s"] for f in arms.values())
+    return f"{next(iter(arms.values()))['paced_per_s'] / slowest:.0%}"
+
+
+def _paced(f: dict[str, Any], zmq: dict[str, Any], name: str) -> tuple[str, str, str]:
+    """The paced cells (empty for results from before the bench paced its routers)."""
+    if "paced_p99_ms" not in f:
+        return "", "", ""
+    ratio = "" if name == "service_zmq" else f"{f['paced_p99_ms'] / zmq['paced_p99_ms']:.2f}×"
+    return (
+        f"{f['paced_per_s']:,.0f}",
+        f"{f['paced_p50_ms']:.2f} / {f['paced_p99_ms']:.2f}",
+        ratio,
+    )
 
 
 def headline(results: Path) -> list[tuple[str, str, str]]:

@@ -12,11 +12,20 @@ processes start their lookups at one agreed instant, back to back, ``--rounds`` 
 backend, alternating the backends as the single-client arms do. Figures per backend and router
 count: p50/p99 of every lookup's wall time, and the lookups per second all routers got
 together (lookups over the time from the first start to the last finish).
+
+Back to back, a backend that answers faster is also asked more often, so its p99 is taken at a
+higher load than the other's. The paced figures (``paced_*``) ask every backend at one offered
+load instead: :data:`PACED_SHARE` of the lookups per second the slowest backend got back to
+back, each router asking at Poisson arrival times (the same seeded times for every backend,
+offset so that the routers' arrivals interleave), ``lookups // count`` lookups per router. A
+lookup's time runs from its arrival time, not from when the router got round to it, so a
+router that falls behind counts its waiting (no coordinated omission).
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import random
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -29,6 +38,7 @@ from kvstack.index.client import lookup_request
 __all__ = ["measure_routers"]
 
 _START_AHEAD_S = 0.3
+PACED_SHARE = 0.7  # the paced load: this share of the slowest backend's back-to-back rate
 
 
 def _router(urls: dict[str, str], conn: Connection) -> None:
@@ -42,14 +52,18 @@ def _router(urls: dict[str, str], conn: Connection) -> None:
             index_workload.check(client.lookup(request))
         conn.send("ready")
         while (order := conn.recv()) is not None:
-            name, lookups, start_at = order
+            name, lookups, start_at, arrivals = order
             client = clients[name]
             while time.monotonic() < start_at:
                 time.sleep(0.001)
-            began = time.monotonic()
+            began, zero = time.monotonic(), time.perf_counter()
             wall = []
-            for _ in range(lookups):
+            for i in range(lookups):
                 start = time.perf_counter()
+                if arrivals:  # paced: wait for the arrival; the lookup's time runs from it
+                    start = zero + arrivals[i]
+                    while (ahead := start - time.perf_counter()) > 0:
+                        time.sleep(ahead)
                 reply = client.lookup(request)
                 wall.append((time.perf_counter() - start) * 1000)
                 index_workload.check(reply)
@@ -82,11 +96,14 @@ class _Fleet:
                 self.close()
                 raise RuntimeError(f"a router process did not start: {answer}")
 
-    def run(self, name: str, lookups: int) -> tuple[list[float], float]:
-        """Every router asks ``lookups`` times at once; all lookups' ms, and the span in s."""
+    def run(
+        self, name: str, lookups: int, arrivals: list[list[float]] | None = None
+    ) -> tuple[list[float], float]:
+        """Every router asks ``lookups`` times at once, back to back or (``arrivals``: each
+        router's arrival times, s from the start) paced; all lookups' ms, and the span in s."""
         start_at = time.monotonic() + _START_AHEAD_S
-        for conn in self.conns:
-            conn.send((name, lookups, start_at))
+        for i, conn in enumerate(self.conns):
+            conn.send((name, lookups, start_at, arrivals[i] if arrivals else None))
         wall: list[float] = []
         began, ended = float("inf"), 0.0
         for conn in self.conns:
@@ -127,6 +144,13 @@ def measure_routers(
                     times, seconds = fleet.run(name, max(lookups // rounds, 1))
                     wall[name] += times
                     span[name] += seconds
+            offered = PACED_SHARE * min(len(wall[n]) / span[n] for n in urls)
+            paced: dict[str, list[float]] = {name: [] for name in urls}
+            per_round = max(lookups // count // rounds, 1)
+            for r in range(rounds):
+                arrivals = _arrivals(count, per_round, offered, seed=r)
+                for name in urls:
+                    paced[name] += fleet.run(name, per_round, arrivals)[0]
         finally:
             fleet.close()
         out[str(count)] = {
@@ -135,7 +159,27 @@ def measure_routers(
                 "p99_ms": percentile(wall[name], 99),
                 "lookups_per_s": len(wall[name]) / span[name],
                 "n": len(wall[name]),
+                "paced_per_s": offered,
+                "paced_p50_ms": percentile(paced[name], 50),
+                "paced_p99_ms": percentile(paced[name], 99),
+                "paced_n": len(paced[name]),
             }
             for name in urls
         }
+    return out
+
+
+def _arrivals(count: int, lookups: int, per_s: float, seed: int) -> list[list[float]]:
+    """Each of ``count`` routers' ``lookups`` arrival times (s from the start): Poisson, all
+    routers together at ``per_s``, each router's first arrival offset by its share of a mean
+    gap so that they do not start in step."""
+    rng = random.Random(seed)
+    gap = count / per_s  # one router's mean gap
+    out = []
+    for router in range(count):
+        t, times = router * gap / count, []
+        for _ in range(lookups):
+            times.append(t)
+            t += rng.expovariate(1 / gap)
+        out.append(times)
     return out
