@@ -109,3 +109,50 @@ def test_an_empty_load_finishes_at_once(kv: KVCache) -> None:
     loader.submit(RequestIO("aborted", []))  # the request was aborted before its load began
     assert wait_finished(loader).req_ids == {"aborted"}
     loader.close()
+
+
+class _Counting:
+    """Wraps a cache, counting the keys read (the fetch) and signalling the first read."""
+
+    def __init__(self, kv: KVCache) -> None:
+        self.kv, self.read, self.first = kv, 0, threading.Event()
+
+    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
+        self.read += len(keys)
+        self.first.set()
+        return self.kv.get_chunks_into(keys, outs)
+
+
+def test_a_load_fetches_at_once_and_writes_only_once_let(kv: KVCache) -> None:
+    """Started at the step's metadata, a load reads its chunks before the step begins but writes
+    nothing into the paged blocks until its ``go`` is set."""
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    counting = _Counting(kv)
+    paged, memory = paged_kv()
+    loader = AsyncLoader(counting, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
+    go = threading.Event()
+    loader.submit(request([[5, 9], [3, 4]]), go)
+    assert counting.first.wait(5)  # fetching before the step
+    time.sleep(0.1)
+    assert int(memory.sum()) == 0, "a load wrote before it was let"
+    assert loader.take_finished().req_ids == set()
+    go.set()
+    finished = wait_finished(loader)
+    assert finished.req_ids == {"r1"} and not finished.failed_blocks and counting.read == 2
+    assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+    assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+    loader.close()
+
+
+def test_a_load_never_let_write_fails_at_its_deadline_and_writes_nothing(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:1], [chunk_of(1)])
+    paged, memory = paged_kv()
+    loader = AsyncLoader(kv, SHAPE, 0, lambda: paged, InlineStream(), 1, 0.2, 1)
+    go = threading.Event()
+    loader.submit(request([[0, 1]]), go)
+    finished = wait_finished(loader)
+    assert finished.failed_blocks == {0, 1} and finished.failed_chunks == 1
+    go.set()  # too late: the job was reported failed, vLLM recomputes the blocks
+    time.sleep(0.2)
+    assert int(memory.sum()) == 0
+    loader.close()

@@ -175,6 +175,11 @@ class KVStackConnector(KVConnectorBase_V1, SupportsHMA):
         assert isinstance(meta, KVStackMetadata)
         return meta
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, KVStackMetadata):
+            self._worker.prepare_step(connector_metadata)
+
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
         if self._worker is not None and isinstance(kv_connector_metadata, KVStackMetadata):
             self._worker.handle_preemptions(kv_connector_metadata)

@@ -8,6 +8,13 @@ pinned memory on a side stream). ``take_finished`` reports, once per job, that t
 receive is over, and which blocks did not arrive: vLLM recomputes exactly those and everything
 after them (``kv_load_failure_policy=recompute``).
 
+A job starts when the worker is handed the step's metadata, before the step's forward pass,
+not when vLLM calls ``start_load_kv``: vLLM 0.32 calls that after the forward where a step has
+no synchronous loads (after its launch on a GPU, but after the whole pass on the CPU build, a
+step later than the metadata). The fetch needs nothing from the step, so it starts at once; the
+writes into the paged blocks wait for the job's ``go`` event, which the worker sets where
+writing is safe (:meth:`.WorkerSide.prepare_step`).
+
 A block is either written whole from a verified chunk or reported failed; never half. A job
 that outlives ``timeout_s`` is abandoned under its lock: a write already started finishes
 before the abandonment is reported, and nothing is written afterwards, even if the tier
@@ -61,6 +68,7 @@ class _Job:
     keys: list[ChunkKey]
     started: float
     deadline: float
+    go: threading.Event  # set once the job may write into the paged blocks
     lock: threading.Lock = field(default_factory=threading.Lock)
     written: int = 0  # leading chunks written whole into the paged blocks
     fetched_all: bool = False  # the thread is done with the job (success or not)
@@ -103,10 +111,16 @@ class AsyncLoader:
             max_workers=threads, thread_name_prefix="kvstack-load", initializer=enter_background
         )
 
-    def submit(self, request: RequestIO) -> None:
+    def submit(self, request: RequestIO, go: threading.Event | None = None) -> None:
+        """Start ``request``'s load: fetching at once, writing once ``go`` is set (at once
+        without one). A job whose ``go`` is not set by its deadline writes nothing and is
+        reported failed, so vLLM recomputes it."""
         now = time.monotonic()
         keys = [ChunkKey(c.keys[self._rank]) for c in request.chunks]
-        job = _Job(request, keys, now, now + self._timeout_s)
+        if go is None:
+            go = threading.Event()
+            go.set()
+        job = _Job(request, keys, now, now + self._timeout_s, go)
         with self._jobs_lock:
             self._jobs[request.req_id] = job
         self._pool.submit(self._run, job)
@@ -135,6 +149,8 @@ class AsyncLoader:
             batch, keys = chunks[start : start + self._batch], job.keys[start : start + self._batch]
             buffers = self._buffers(len(batch))
             loaded = self._cache.get_chunks_into(keys, buffers)
+            if not job.go.wait(max(job.deadline - time.monotonic(), 0.0)):
+                return  # the step that may write never came: reported failed at the deadline
             paged = self._paged()
             with job.lock:
                 if job.abandoned:

@@ -21,6 +21,7 @@ blocks are reported and recomputed. Nothing on the step waits for a slow tier.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -95,6 +96,10 @@ class WorkerSide:
         self.load_samples: list[LoadSample] = []  # for the scheduler (worker_meta)
         self.step = 0
         self._save_time = 0.0  # this step's per-layer copy-out time so far
+        # Asynchronous loads started at the step's metadata (prepare_step): their requests and
+        # the event that lets them write; start_step sets it where prepare_step did not.
+        self._prepared: tuple[set[str], threading.Event] | None = None
+        self.writes_at_bind = False  # set in register: may a load write before the forward?
         self.stats = KVStackStats()
         self.events = EventCollector(kv.chunk_size) if self.settings.kv_events else None
         if self.events is not None:
@@ -125,6 +130,15 @@ class WorkerSide:
             return
         self.paged = paged = PagedKV(self.layout, kv_cache_config, kv_caches)
         device, modes = paged.device, self.modes
+        # On vLLM's CPU build the scheduling is synchronous: when a step's metadata arrives the
+        # previous step has finished computing, and this step's forward does not touch the
+        # blocks of a request waiting for its load; nor does any zeroing of new blocks, which
+        # vLLM does only for Mamba and mixed-precision caches. There an asynchronous load may
+        # write as soon as it has fetched. On a GPU the previous step may still be running, so
+        # writes wait for start_load_kv, ordered after the step's launch as vLLM orders them.
+        self.writes_at_bind = _on_cpu_build() and not getattr(
+            kv_cache_config, "needs_kv_cache_zeroing", True
+        )
         with starting_background_threads():
             self.loader = AsyncLoader(
                 self.cache, self.shape, self.rank, lambda: paged,
@@ -144,11 +158,12 @@ class WorkerSide:
             )  # fmt: skip
         log.info(
             "kvstack connector: %d layers, %d blocks of %d tokens, %d-byte pages, tiers %s, "
-            "copy-out %s, layer pipelining %s",
+            "copy-out %s, layer pipelining %s, asynchronous loads write %s",
             self.layout.num_layers, paged.num_blocks, self.layout.block_size,
             self.layout.page_bytes, [t.name for t in self.cache.tiers],
             "in the background" if modes.copy_out_background else "on the step",
             "on" if modes.layer_pipelining else "off",
+            "as they fetch" if self.writes_at_bind else "from start_load_kv",
         )  # fmt: skip
 
     def _remember_tokens(self, key: ChunkKey, chunk: ChunkIO, lora_name: str | None) -> None:
@@ -160,14 +175,32 @@ class WorkerSide:
         if meta.preempted and self.paged is not None:
             self.saves.wait_copies(meta.preempted)
 
+    def prepare_step(self, meta: KVStackMetadata) -> None:
+        """The step's metadata, before its forward pass: start its asynchronous loads now, a
+        step earlier than ``start_load_kv`` on the CPU build (:mod:`.loads`)."""
+        if self.paged is None or not meta.async_loads:
+            return
+        self.handle_preemptions(meta)  # a preempted request's copy-out before its blocks go
+        go = threading.Event()
+        if self.writes_at_bind:
+            go.set()
+        for request in meta.async_loads:
+            self.loader.submit(request, go)
+        self._prepared = ({r.req_id for r in meta.async_loads}, go)
+
     def start_step(self, meta: KVStackMetadata) -> None:
         self.step = meta.step
         self.held.update(meta.held)
         if self.paged is None:
             return
         self.handle_preemptions(meta)
+        prepared, self._prepared = self._prepared or (set(), None), None
+        started, go = prepared
         for request in meta.async_loads:
-            self.loader.submit(request)
+            if request.req_id not in started:
+                self.loader.submit(request)
+        if go is not None:
+            go.set()
         if meta.loads:
             start = time.perf_counter()
             result = self.sync_loader.start(self.paged, meta.loads)

@@ -1,0 +1,104 @@
+"""The worker starts a step's asynchronous loads when it is handed the step's metadata, before
+the forward pass: vLLM 0.32 calls ``start_load_kv`` only after the forward on steps without
+synchronous loads, a whole step later on the CPU build. Writes into the paged blocks wait for
+``start_load_kv`` unless the worker may write before the forward (``writes_at_bind``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.settings import ConnectorSettings, TransferModes
+from kvstack.integrations.vllm import worker as worker_module
+from kvstack.integrations.vllm.scheduler import KVStackMetadata
+from kvstack.integrations.vllm.worker import WorkerSide
+from kvstack.kv.config import KVConfig
+from kvstack.kv.keys import ChunkKey
+from tests.integrations.vllm.paged import BLOCKS, CHUNK, LAYERS, PAGE, chunk_of, layout
+
+KEYS = [ChunkKey(bytes([i + 1]) * 16) for i in range(2)]
+
+
+@pytest.fixture
+def side(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WorkerSide, torch.Tensor]]:
+    monkeypatch.setattr(worker_module, "_on_cpu_build", lambda: False)  # keep this affinity
+    kv = KVConfig(model="prepare-test", chunk_size=CHUNK, tiers=["cpu://?size=4MiB"])
+    modes = TransferModes(copy_out_background=False, layer_pipelining=False)
+    engine = f"prepare-{os.getpid()}-{time.time_ns()}"
+    worker = WorkerSide(kv, layout(), engine, ConnectorSettings(), modes, True)
+    memory = torch.zeros(LAYERS, BLOCKS, PAGE, dtype=torch.uint8)
+    names = layout().layer_names
+    placement = SimpleNamespace(
+        layers=list(names), offset=0, layer_stride=BLOCKS * PAGE, block_stride=PAGE
+    )
+    config: Any = SimpleNamespace(num_blocks=BLOCKS, kv_cache_tensors=[placement])
+    worker.register(config, {names[0]: memory})
+    assert worker.cache.put_chunks(KEYS, [chunk_of(1), chunk_of(2)]) == 2
+    yield worker, memory
+    worker.close()
+
+
+def metadata(step: int) -> KVStackMetadata:
+    chunks = [ChunkIO(0, (KEYS[0],), [5, 9]), ChunkIO(1, (KEYS[1],), [3, 4])]
+    return KVStackMetadata(step=step, async_loads=[RequestIO("r1", chunks)])
+
+
+def received(worker: WorkerSide, timeout_s: float = 10.0) -> set[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, recv = worker.get_finished()
+        if recv:
+            return recv
+        time.sleep(0.005)
+    return set()
+
+
+def test_a_gpu_style_worker_fetches_at_the_metadata_and_writes_after_start(
+    side: tuple[WorkerSide, torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker, memory = side
+    assert not worker.writes_at_bind  # the unrestricted default off vLLM's CPU build
+    reads: list[int] = []
+    cache = worker.loader._cache
+    monkeypatch.setattr(
+        worker.loader,
+        "_cache",
+        SimpleNamespace(
+            get_chunks_into=lambda k, o: reads.append(len(k)) or cache.get_chunks_into(k, o)
+        ),
+    )
+    meta = metadata(1)
+    worker.prepare_step(meta)
+    time.sleep(0.2)  # fetched by now; the step's forward pass would run here
+    assert int(memory.sum()) == 0, "written before start_load_kv"
+    worker.start_step(meta)
+    assert received(worker) == {"r1"}
+    assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+    assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+    assert sum(reads) == 2  # each chunk read once: start_step did not start the load again
+
+
+def test_where_writes_are_safe_at_the_metadata_a_load_needs_no_start(
+    side: tuple[WorkerSide, torch.Tensor],
+) -> None:
+    worker, memory = side
+    worker.writes_at_bind = True  # vLLM's CPU build, a cache without zeroing
+    worker.prepare_step(metadata(1))
+    assert received(worker) == {"r1"}  # before start_load_kv: a step earlier
+    assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+
+
+def test_a_step_whose_metadata_was_not_prepared_starts_its_loads_at_start(
+    side: tuple[WorkerSide, torch.Tensor],
+) -> None:
+    worker, memory = side
+    worker.start_step(metadata(1))
+    assert received(worker) == {"r1"}
+    assert torch.equal(memory[:, [3, 4]], chunk_of(2))
