@@ -273,18 +273,14 @@ def report(result: dict[str, Any]) -> None:
           f"{'PASS' if v['valkey_p99_le_5ms'] else 'FAIL'}")  # fmt: skip
     for count, arms in result.get("routers", {}).items():
         print(f"{count} routers asking at once (one process each, {os.cpu_count()} CPUs):")
-        for name, f in arms.items():
-            print(f"  {name:<18} p50 {f['p50_ms']:6.2f} ms  p99 {f['p99_ms']:6.2f} ms  "
-                  f"{f['lookups_per_s']:7,.0f} lookups/s  n={f['n']}")  # fmt: skip
-        ratio = v[f"routers_{count}_valkey_p99_over_zmq_p99"]
-        print(f"  valkey p99 / service_zmq p99: {ratio:.2f}x")
+        _print_fleet(arms, "", lambda f: f"  {f['lookups_per_s']:7,.0f} lookups/s")
+        print(f"  valkey p99 / service_zmq p99: "
+              f"{v[f'routers_{count}_valkey_p99_over_zmq_p99']:.2f}x")  # fmt: skip
         offered = next(iter(arms.values()))["paced_per_s"]
         print(f"  paced, every backend at {offered:,.0f} lookups/s (Poisson arrivals):")
-        for name, f in arms.items():
-            print(f"  {name:<18} p50 {f['paced_p50_ms']:6.2f} ms  p99 {f['paced_p99_ms']:6.2f} ms"
-                  f"  n={f['paced_n']}")  # fmt: skip
-        paced = v[f"routers_{count}_paced_valkey_p99_over_zmq_p99"]
-        print(f"  paced valkey p99 / service_zmq p99: {paced:.2f}x")
+        _print_fleet(arms, "paced_", lambda f: "")
+        print(f"  paced valkey p99 / service_zmq p99: "
+              f"{v[f'routers_{count}_paced_valkey_p99_over_zmq_p99']:.2f}x")  # fmt: skip
     print("announce throughput (events/s; CPU per event: client / server):")
     for name, f in result["announce"].items():
         print(f"  {name:<18} bulk {f['bulk_events_per_s']:>9,.0f}/s "
@@ -294,6 +290,15 @@ def report(result: dict[str, Any]) -> None:
               f"{f['steady_server_cpu_us_per_event']:.2f} us)")  # fmt: skip
     print("memory for the index (MB): " + ", ".join(
         f"{name} {mb:,.0f}" for name, mb in result["memory_mb"].items()))  # fmt: skip
+
+
+def _print_fleet(
+    arms: dict[str, dict[str, Any]], prefix: str, extra: Callable[[dict[str, Any]], str]
+) -> None:
+    """One line per backend: p50/p99 (back to back, or ``paced_``) and the lookups."""
+    for name, f in arms.items():
+        print(f"  {name:<18} p50 {f[prefix + 'p50_ms']:6.2f} ms  p99 {f[prefix + 'p99_ms']:6.2f} ms"
+              f"{extra(f)}  n={f[prefix + 'n']}")  # fmt: skip
 
 
 def _counts(text: str) -> list[int]:
