@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -21,15 +23,35 @@ def layout() -> PagedLayout:
     return PagedLayout(names, BLOCK_SIZE, PAGE, "uint8", "test-layout")
 
 
-def paged_kv() -> tuple[PagedKV, torch.Tensor]:
-    """A PagedKV over one zeroed allocation, and that allocation ``[layers, blocks, page]``."""
+def allocation() -> tuple[Any, dict[str, torch.Tensor], torch.Tensor]:
+    """What vLLM hands a worker's ``register_kv_caches``: a KV cache config placing every layer
+    in one zeroed allocation, the caches by layer name, and that allocation
+    ``[layers, blocks, page]``."""
     memory = torch.zeros(LAYERS, BLOCKS, PAGE, dtype=torch.uint8)
     names = layout().layer_names
     placement = SimpleNamespace(
         layers=list(names), offset=0, layer_stride=BLOCKS * PAGE, block_stride=PAGE
     )
     config: Any = SimpleNamespace(num_blocks=BLOCKS, kv_cache_tensors=[placement])
-    return PagedKV(layout(), config, {names[0]: memory}), memory
+    return config, {names[0]: memory}, memory
+
+
+def paged_kv() -> tuple[PagedKV, torch.Tensor]:
+    """A PagedKV over one zeroed allocation, and that allocation ``[layers, blocks, page]``."""
+    config, caches, memory = allocation()
+    return PagedKV(layout(), config, caches), memory
+
+
+class CountingCache:
+    """Wraps a cache for a loader: counts the keys read (the fetch) and signals the first read."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.read, self.first = kv, 0, threading.Event()
+
+    def get_chunks_into(self, keys: Sequence[Any], outs: Sequence[torch.Tensor]) -> int:
+        self.read += len(keys)
+        self.first.set()
+        return int(self.kv.get_chunks_into(keys, outs))
 
 
 def chunk_of(value: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
 from kvstack.integrations.vllm.streams import InlineStream
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
-from tests.integrations.vllm.paged import SHAPE, cache, chunk_of, paged_kv
+from tests.integrations.vllm.paged import SHAPE, CountingCache, cache, chunk_of, paged_kv
 
 KEYS = [ChunkKey(bytes([i]) * 16) for i in range(4)]
 
@@ -111,23 +111,11 @@ def test_an_empty_load_finishes_at_once(kv: KVCache) -> None:
     loader.close()
 
 
-class _Counting:
-    """Wraps a cache, counting the keys read (the fetch) and signalling the first read."""
-
-    def __init__(self, kv: KVCache) -> None:
-        self.kv, self.read, self.first = kv, 0, threading.Event()
-
-    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
-        self.read += len(keys)
-        self.first.set()
-        return self.kv.get_chunks_into(keys, outs)
-
-
 def test_a_load_fetches_at_once_and_writes_only_once_let(kv: KVCache) -> None:
     """Started at the step's metadata, a load reads its chunks before the step begins but writes
     nothing into the paged blocks until its ``go`` is set."""
     kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-    counting = _Counting(kv)
+    counting = CountingCache(kv)
     paged, memory = paged_kv()
     loader = AsyncLoader(counting, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
     go = threading.Event()

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
@@ -21,7 +19,7 @@ from kvstack.integrations.vllm.scheduler import KVStackMetadata
 from kvstack.integrations.vllm.worker import WorkerSide
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
-from tests.integrations.vllm.paged import BLOCKS, CHUNK, LAYERS, PAGE, chunk_of, layout
+from tests.integrations.vllm.paged import CHUNK, CountingCache, allocation, chunk_of, layout
 
 KEYS = [ChunkKey(bytes([i + 1]) * 16) for i in range(2)]
 
@@ -33,13 +31,8 @@ def side(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WorkerSide, torch.Te
     modes = TransferModes(copy_out_background=False, layer_pipelining=False)
     engine = f"prepare-{os.getpid()}-{time.time_ns()}"
     worker = WorkerSide(kv, layout(), engine, ConnectorSettings(), modes, True)
-    memory = torch.zeros(LAYERS, BLOCKS, PAGE, dtype=torch.uint8)
-    names = layout().layer_names
-    placement = SimpleNamespace(
-        layers=list(names), offset=0, layer_stride=BLOCKS * PAGE, block_stride=PAGE
-    )
-    config: Any = SimpleNamespace(num_blocks=BLOCKS, kv_cache_tensors=[placement])
-    worker.register(config, {names[0]: memory})
+    config, caches, memory = allocation()
+    worker.register(config, caches)
     assert worker.cache.put_chunks(KEYS, [chunk_of(1), chunk_of(2)]) == 2
     yield worker, memory
     worker.close()
@@ -65,15 +58,8 @@ def test_a_gpu_style_worker_fetches_at_the_metadata_and_writes_after_start(
 ) -> None:
     worker, memory = side
     assert not worker.writes_at_bind  # the unrestricted default off vLLM's CPU build
-    reads: list[int] = []
-    cache = worker.loader._cache
-    monkeypatch.setattr(
-        worker.loader,
-        "_cache",
-        SimpleNamespace(
-            get_chunks_into=lambda k, o: reads.append(len(k)) or cache.get_chunks_into(k, o)
-        ),
-    )
+    counting = CountingCache(worker.loader._cache)
+    monkeypatch.setattr(worker.loader, "_cache", counting)
     meta = metadata(1)
     worker.prepare_step(meta)
     time.sleep(0.2)  # fetched by now; the step's forward pass would run here
@@ -82,7 +68,7 @@ def test_a_gpu_style_worker_fetches_at_the_metadata_and_writes_after_start(
     assert received(worker) == {"r1"}
     assert torch.equal(memory[:, [5, 9]], chunk_of(1))
     assert torch.equal(memory[:, [3, 4]], chunk_of(2))
-    assert sum(reads) == 2  # each chunk read once: start_step did not start the load again
+    assert counting.read == 2  # each chunk read once: start_step did not start the load again
 
 
 def test_where_writes_are_safe_at_the_metadata_a_load_needs_no_start(
