@@ -194,8 +194,8 @@ class WorkerSide:
         if self.paged is None:
             return
         self.handle_preemptions(meta)
-        prepared, self._prepared = self._prepared or (set(), None), None
-        started, go = prepared
+        started, go = self._prepared or (set(), None)
+        self._prepared = None
         for request in meta.async_loads:
             if request.req_id not in started:
                 self.loader.submit(request)
