@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 import torch
 
 from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
-from kvstack.integrations.vllm.streams import InlineStream
+from kvstack.integrations.vllm.streams import Completion, InlineStream, ThreadStream
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 from tests.integrations.vllm.paged import SHAPE, CountingCache, cache, chunk_of, paged_kv
@@ -144,3 +144,84 @@ def test_a_load_never_let_write_fails_at_its_deadline_and_writes_nothing(kv: KVC
     time.sleep(0.2)
     assert int(memory.sum()) == 0
     loader.close()
+
+
+class _HeldStream:
+    """A background copy stream whose writes each wait until released (a slow write)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.stream = ThreadStream("held")
+        self.started, self.release = threading.Semaphore(0), threading.Semaphore(0)
+        self.fail = fail
+
+    def submit(self, work: Callable[[], None]) -> Completion:
+        def held() -> None:
+            self.started.release()
+            assert self.release.acquire(timeout=10)
+            if self.fail:
+                raise RuntimeError("injected write failure")
+            work()
+
+        return self.stream.submit(held)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+def test_a_load_fetches_the_next_chunks_while_the_last_ones_are_written(kv: KVCache) -> None:
+    """Double buffering: the read of batch 2 does not wait for batch 1's write, and nothing is
+    counted loaded before its write is whole."""
+    kv.put_chunks(KEYS[:3], [chunk_of(1), chunk_of(2), chunk_of(3)])
+    counting, stream = CountingCache(kv), _HeldStream()
+    paged, memory = paged_kv()
+    loader = AsyncLoader(counting, SHAPE, 0, lambda: paged, stream, 1, 10.0, 1)  # type: ignore[arg-type]
+    loader.submit(request([[0, 1], [2, 3], [4, 5]]))
+    assert stream.started.acquire(timeout=5)  # chunk 0's write is held
+    deadline = time.monotonic() + 5
+    while counting.read < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert counting.read == 2, "the next chunk was not fetched while the last one was written"
+    assert counting.read < 3  # its buffers are still being written: no third read yet
+    assert loader.take_finished().req_ids == set()
+    for _ in range(3):
+        stream.release.release()
+    finished = wait_finished(loader)
+    assert not finished.failed_blocks and finished.loaded_blocks == 6
+    for value, blocks in ((1, [0, 1]), (2, [2, 3]), (3, [4, 5])):
+        assert torch.equal(memory[:, blocks], chunk_of(value))
+    loader.close()  # closes its stream
+
+
+def test_a_timed_out_load_counts_the_write_in_flight_once_it_lands(kv: KVCache) -> None:
+    """At the deadline a write already started finishes before the blocks are reported: its
+    chunk counts as loaded, and nothing is written after the report."""
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    gate, stream = _Gate(kv, KEYS[1]), _HeldStream()
+    paged, memory = paged_kv()
+    loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, stream, 1, 0.3, 1)  # type: ignore[arg-type]
+    loader.submit(request([[0, 1], [2, 3]]))
+    assert stream.started.acquire(timeout=5) and gate.entered.wait(5)
+    threading.Timer(0.5, stream.release.release).start()  # chunk 0 lands after the deadline
+    finished = wait_finished(loader)
+    assert finished.timeouts == 1 and finished.loaded_blocks == 2
+    assert finished.failed_blocks == {2, 3}
+    assert torch.equal(memory[:, [0, 1]], chunk_of(1))
+    gate.release.set()
+    stream.release.release()
+    time.sleep(0.2)
+    assert int(memory[:, [2, 3]].sum()) == 0, "written after the load was reported"
+    loader.close()  # closes its stream
+
+
+def test_a_failed_write_fails_its_blocks_and_every_later_one(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    stream = _HeldStream(fail=True)
+    paged, memory = paged_kv()
+    loader = AsyncLoader(kv, SHAPE, 0, lambda: paged, stream, 1, 10.0, 1)
+    loader.submit(request([[0, 1], [2, 3]]))
+    for _ in range(2):
+        stream.release.release()
+    finished = wait_finished(loader)
+    assert finished.failed_blocks == {0, 1, 2, 3} and finished.loaded_blocks == 0
+    assert int(memory.sum()) == 0
+    loader.close()  # closes its stream

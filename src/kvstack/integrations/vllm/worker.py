@@ -142,7 +142,7 @@ class WorkerSide:
         with starting_background_threads():
             self.loader = AsyncLoader(
                 self.cache, self.shape, self.rank, lambda: paged,
-                make_stream(device, False, "kvstack-load", follow_compute=False),
+                make_stream(device, True, "kvstack-load", follow_compute=False),
                 self.settings.load_threads, self.settings.load_timeout_s,
             )  # fmt: skip
             self.sync_loader = SyncLoader(
