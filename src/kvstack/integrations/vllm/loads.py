@@ -3,11 +3,11 @@
 vLLM parks a request whose load is asynchronous in ``WAITING_FOR_REMOTE_KVS`` and keeps
 stepping the others. :class:`AsyncLoader` runs each such load as a job on its own threads
 (off the engine's compute cores on vLLM's CPU build): it fetches a few chunks at a time from
-the tiers into staging buffers, and writes them into the request's blocks on the copy stream
-(on a GPU, from pinned memory on a side stream; on the CPU build, on a background thread)
-while it fetches the next few into a second set of buffers. Fetching and writing one after the
-other, a write was about two fifths of a cold 8K-token load from the file tier on the 2-core
-CPU build. ``take_finished`` reports, once per job, that the request's
+the tiers into staging buffers and writes them into the request's blocks on the copy stream.
+On a GPU that is a side stream, fed from pinned memory, and the thread fetches the next few
+chunks into a second set of buffers while the last ones cross. On the CPU build the worker
+gives it an inline stream: the write runs on the load thread, then the next fetch starts (see
+the worker for the measurement). ``take_finished`` reports, once per job, that the request's
 receive is over, and which blocks did not arrive: vLLM recomputes exactly those and everything
 after them (``kv_load_failure_policy=recompute``).
 

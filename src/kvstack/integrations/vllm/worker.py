@@ -139,10 +139,14 @@ class WorkerSide:
         self.writes_at_bind = _on_cpu_build() and not getattr(
             kv_cache_config, "needs_kv_cache_zeroing", True
         )
+        # A load thread writes on a GPU side stream while it fetches the next chunks. On the
+        # CPU build it writes inline: a background write thread there, beside the load and
+        # tier threads on the one spare core of a 2-core host, made both the decodes' ITL in
+        # flight and the loads slower in an A/B of the interference bench.
         with starting_background_threads():
             self.loader = AsyncLoader(
                 self.cache, self.shape, self.rank, lambda: paged,
-                make_stream(device, True, "kvstack-load", follow_compute=False),
+                make_stream(device, False, "kvstack-load", follow_compute=False),
                 self.settings.load_threads, self.settings.load_timeout_s,
             )  # fmt: skip
             self.sync_loader = SyncLoader(
