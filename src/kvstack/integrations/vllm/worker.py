@@ -140,9 +140,9 @@ class WorkerSide:
             kv_cache_config, "needs_kv_cache_zeroing", True
         )
         # A load thread writes on a GPU side stream while it fetches the next chunks. On the
-        # CPU build it writes inline: a background write thread there, beside the load and
-        # tier threads on the one spare core of a 2-core host, made both the decodes' ITL in
-        # flight and the loads slower in an A/B of the interference bench.
+        # CPU build it writes inline: a background write thread there would share the one
+        # spare core of a 2-core host with the load and tier threads, and the interference
+        # bench showed no gain from it (the spread between runs was larger than any change).
         with starting_background_threads():
             self.loader = AsyncLoader(
                 self.cache, self.shape, self.rank, lambda: paged,
