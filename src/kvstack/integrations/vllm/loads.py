@@ -254,6 +254,5 @@ def _settle(job: _Job) -> bool:
             log.exception("kvstack: writing a load of request %s failed", job.request.req_id)
             job.write_failed = True
         else:
-            if not job.write_failed:
-                job.written += count
+            job.written += count  # no write is submitted after a failed one
     return not job.write_failed
