@@ -86,6 +86,15 @@ class ConnectorSettings(Section):
     load_threads: int = Field(
         default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"
     )
+    staging_mib: int = Field(
+        default=2048,
+        ge=1,
+        description="host memory (pinned on GPUs) each worker may hold to stage chunks between "
+        "its paged KV and the tiers: the copy-outs waiting for a tier write (the step waits "
+        "for the save thread beyond it; none are staged where the first tier is cpu://, which "
+        "lends its own memory) and the synchronous loads' buffers kept between steps get this "
+        "much each, every asynchronous load thread an eighth of it; at least one chunk each",
+    )
     save_generated: bool = Field(
         default=True,
         description="save every full chunk a request completes, generated tokens included (the "

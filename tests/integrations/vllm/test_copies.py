@@ -7,15 +7,16 @@ The same code drives a GPU side stream; here the streams are the CPU build's: th
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 
 from kvstack.integrations.plan import ChunkIO, RequestIO
-from kvstack.integrations.vllm.saves import SaveQueue
+from kvstack.integrations.vllm.saves import SaveQueue, _StagingPool
 from kvstack.integrations.vllm.streams import CopyStream, InlineStream, ThreadStream
 from kvstack.integrations.vllm.sync_loads import SyncLoader
+from kvstack.integrations.vllm.transfers import staging_chunks
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 from tests.integrations.vllm.paged import LAYERS, SHAPE, cache, chunk_of, paged_kv
@@ -136,6 +137,73 @@ def test_a_staged_save_reaches_a_tier_without_two_phase_puts(tmp_path: object) -
     assert torch.equal(stored(kv, KEYS[0]), chunk_of(5))
     queue.close()
     kv.close()
+
+
+def test_the_staging_budget_counts_chunks_of_the_models_shape() -> None:
+    seventy_b = (80, 16, 2 * 16 * 8 * 128 * 2)  # fp16 Llama-3-70B, 256-token chunks: 80 MiB
+    assert staging_chunks(seventy_b, 2048 << 20, 256) == 25
+    assert staging_chunks(seventy_b, (2048 << 20) // 16, 4) == 1  # an async load thread's set
+    assert staging_chunks(seventy_b, 1 << 20, 4) == 1  # a chunk moves, whatever the budget
+    assert staging_chunks(SHAPE, 2048 << 20, 256) == 256
+
+
+def test_the_staging_pool_waits_for_a_buffer_the_save_thread_gives_back() -> None:
+    pool = _StagingPool(SHAPE, False, 1)
+    first = pool.acquire()
+    got: list[torch.Tensor] = []
+    taker = threading.Thread(target=lambda: got.append(pool.acquire()))
+    taker.start()
+    taker.join(0.2)
+    assert taker.is_alive() and pool.allocated == 1, "took a buffer beyond the budget"
+    pool.release(first)
+    taker.join(5)
+    assert got and got[0] is first and pool.allocated == 1
+
+
+def within(seconds: float, work: Callable[[], object]) -> None:
+    """Run ``work`` on a thread; fail (instead of hanging the suite) if it is not done in time."""
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (work(), done.set()), daemon=True)
+    thread.start()
+    assert done.wait(seconds), "still waiting: the step would never get its staging buffer"
+
+
+def test_a_step_holding_every_buffer_takes_one_more_and_lets_it_go() -> None:
+    pool = _StagingPool(SHAPE, False, 1)
+    held = [pool.acquire()]
+    within(5, lambda: held.append(pool.acquire(held_by_caller=1)))  # waiting: forever
+    assert pool.allocated == 2
+    for buffer in held:
+        pool.release(buffer)
+    assert pool.allocated == 1
+
+
+def test_a_step_with_more_chunks_than_the_staging_budget_saves_them_all(tmp_path: object) -> None:
+    kv = cache([f"file://{tmp_path}?size=16MiB"])  # no two-phase puts: every save is staged
+    paged, memory = paged_kv()
+    memory[:, [0, 1]], memory[:, [2, 3]], memory[:, [4, 5]] = chunk_of(1), chunk_of(2), chunk_of(3)
+    queue = SaveQueue(kv, SHAPE, 0, InlineStream(), wait_on_step=True, max_staged=1)
+    within(10, lambda: queue.end(paged, 1, [saves([[0, 1], [2, 3], [4, 5]])]))
+    memory[:, [6, 7]] = chunk_of(4)
+    queue.end(paged, 2, [RequestIO("r2", [ChunkIO(0, (KEYS[3],), [6, 7])])])
+    assert queue.flush(10) and kv.flush(10)
+    for key, value in zip(KEYS, (1, 2, 3, 4), strict=True):
+        assert torch.equal(stored(kv, key), chunk_of(value))
+    assert queue.staging_buffers == 1, "the buffers beyond the budget were kept"
+    queue.close()
+    kv.close()
+
+
+def test_sync_loads_keep_no_more_staging_than_asked_between_steps(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:3], [chunk_of(1), chunk_of(2), chunk_of(3)])
+    paged, memory = paged_kv()
+    loader = SyncLoader(kv, SHAPE, 0, InlineStream(), False, keep_chunks=1)
+    chunks = [ChunkIO(i, (KEYS[i],), [2 * i, 2 * i + 1]) for i in range(3)]
+    assert loader.start(paged, [RequestIO("r1", chunks)]).loaded_blocks == 6
+    loader.finish()
+    assert loader.staging_buffers == 1
+    for i in range(3):
+        assert torch.equal(memory[:, [2 * i, 2 * i + 1]], chunk_of(i + 1))
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["all-layers", "layer-by-layer"])

@@ -49,7 +49,7 @@ from kvstack.kv.keys import ChunkKey
 __all__ = ["BATCH_CHUNKS", "AsyncLoader", "FinishedLoads", "write_chunks"]
 
 log = logging.getLogger(__name__)
-BATCH_CHUNKS = 4  # chunks a load thread fetches at a time (it writes them while fetching more)
+BATCH_CHUNKS = 4  # chunks a load thread fetches at a time, at most (staging_mib may say fewer)
 
 
 @dataclass

@@ -41,13 +41,15 @@ from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.base import Tier
 
-__all__ = ["SaveCounts", "SaveQueue"]
+__all__ = ["MAX_STAGED_CHUNKS", "SaveCounts", "SaveQueue"]
 
 # Called on the step for each chunk about to be copied out (KV events remember its tokens).
 OnSave = Callable[[ChunkKey, ChunkIO, "str | None"], None]
 
 log = logging.getLogger(__name__)
-MAX_STAGED_CHUNKS = 256  # staging buffers in flight; the step waits for the save thread beyond
+# Staging buffers in flight, at most (fewer where the connector's staging_mib holds fewer); the
+# step waits for the save thread beyond.
+MAX_STAGED_CHUNKS = 256
 
 
 @dataclass
@@ -86,13 +88,14 @@ class SaveQueue:
         stream: CopyStream,
         wait_on_step: bool,
         on_save: OnSave | None = None,
+        max_staged: int = MAX_STAGED_CHUNKS,
     ) -> None:
         self._cache, self._shape, self._rank = cache, chunk_shape, rank
         self._stream, self._wait_on_step, self._on_save = stream, wait_on_step, on_save
         self._two_phase = _first_write_tier_two_phase(cache)
         self._batch: _Batch | None = None
         self._copies: deque[_Batch] = deque()  # copy-outs that may still be running
-        self._staging = _StagingPool(chunk_shape, torch.cuda.is_available())
+        self._staging = _StagingPool(chunk_shape, torch.cuda.is_available(), max_staged)
         self._counts = SaveCounts()
         self._counts_lock = threading.Lock()
         self._queue: queue.Queue[_Batch | None] = queue.Queue()
@@ -136,11 +139,13 @@ class SaveQueue:
             return self._batch
         batch = _Batch(step, {r.req_id for r in saves})
         direct = self._two_phase and paged.device.type == "cpu"
+        staged = 0  # staging buffers this batch holds
         for request in saves:
             for chunk in request.chunks:
-                item = self._target(paged, chunk, request.lora_name, direct)
+                item = self._target(paged, chunk, request.lora_name, direct, staged)
                 if item is not None:
                     batch.items.append(item)
+                    staged += 0 if item.direct else 1
         if batch.items:
             indexes, targets = [i.index for i in batch.items], [i.target for i in batch.items]
             batch.copy_out = LayerCopyOut(paged, indexes, targets)
@@ -148,7 +153,7 @@ class SaveQueue:
         return batch
 
     def _target(
-        self, paged: PagedKV, chunk: ChunkIO, lora_name: str | None, direct: bool
+        self, paged: PagedKV, chunk: ChunkIO, lora_name: str | None, direct: bool, staged: int
     ) -> _Item | None:
         key = ChunkKey(chunk.keys[self._rank])
         if direct:
@@ -157,7 +162,7 @@ class SaveQueue:
                 self._count(skipped_chunks=1)
                 return None
         else:
-            target = self._staging.acquire()
+            target = self._staging.acquire(staged)
         if self._on_save is not None:
             self._on_save(key, chunk, lora_name)
         return _Item(key, paged.block_index(chunk.block_ids), target, direct, chunk.generated)
@@ -226,6 +231,11 @@ class SaveQueue:
             counts, self._counts = self._counts, SaveCounts()
         return counts
 
+    @property
+    def staging_buffers(self) -> int:
+        """Staging buffers allocated, free or holding a chunk for the save thread."""
+        return self._staging.allocated
+
     def queued_chunks(self) -> int:
         """Chunks copied out (or being copied) and not yet handed to the tiers."""
         with self._counts_lock:
@@ -259,15 +269,20 @@ def _first_write_tier_two_phase(cache: KVCache) -> bool:
 
 
 class _StagingPool:
-    def __init__(self, shape: tuple[int, int, int], pin: bool) -> None:
-        self._shape, self._pin = shape, pin
+    """At most ``most`` staging buffers. A step waits for the save thread to give one back,
+    except where the step's own batch holds every buffer there is (its batch is queued only
+    once it has them all, so nothing would come back): then it takes one more, which is let
+    go, not kept, when it comes back."""
+
+    def __init__(self, shape: tuple[int, int, int], pin: bool, most: int) -> None:
+        self._shape, self._pin, self._most = shape, pin, most
         self._free: list[torch.Tensor] = []
-        self._count = 0
+        self._count = 0  # buffers allocated and not let go, free or held
         self._cond = threading.Condition()
 
-    def acquire(self) -> torch.Tensor:
+    def acquire(self, held_by_caller: int = 0) -> torch.Tensor:
         with self._cond:
-            while not self._free and self._count >= MAX_STAGED_CHUNKS:
+            while not self._free and self._count >= self._most and self._count > held_by_caller:
                 self._cond.wait()
             if self._free:
                 return self._free.pop()
@@ -276,5 +291,13 @@ class _StagingPool:
 
     def release(self, buffer: torch.Tensor) -> None:
         with self._cond:
-            self._free.append(buffer)
+            if self._count > self._most:
+                self._count -= 1  # one taken beyond the limit: let go
+            else:
+                self._free.append(buffer)
             self._cond.notify()
+
+    @property
+    def allocated(self) -> int:
+        with self._cond:
+            return self._count

@@ -16,6 +16,7 @@ failed blocks for vLLM to recompute in the same step.
 from __future__ import annotations
 
 import functools
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -73,10 +74,12 @@ class SyncLoader:
         rank: int,
         stream: CopyStream,
         pipelined: bool,
+        keep_chunks: int = sys.maxsize,
     ) -> None:
         self._cache, self._shape, self._rank = cache, chunk_shape, rank
         self._stream, self.pipelined = stream, pipelined
         self._staging: list[torch.Tensor] = []
+        self._keep = keep_chunks  # staging buffers kept from one step to the next
         self._layers: list[Completion] = []
         self._pin = torch.cuda.is_available()
 
@@ -130,10 +133,16 @@ class SyncLoader:
             self._layers[layer].before_compute()
 
     def finish(self) -> None:
-        """Every started write is done (the staging buffers may be reused)."""
+        """Every started write is done (the staging buffers may be reused). Buffers beyond
+        ``keep_chunks``, which a step with more chunks to load took, are let go."""
         for done in self._layers:
             done.wait()
         self._layers = []
+        del self._staging[self._keep :]
+
+    @property
+    def staging_buffers(self) -> int:
+        return len(self._staging)
 
     def _buffers(self, count: int) -> list[torch.Tensor]:
         while len(self._staging) < count:

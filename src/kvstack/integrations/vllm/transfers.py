@@ -43,12 +43,20 @@ __all__ = [
     "gather_chunks",
     "scatter_chunks",
     "slabs",
+    "staging_chunks",
     "upload",
     "write_layer",
 ]
 
 GROUP_BYTES = 64 << 20  # device memory a batched copy may hold at once
 STAGED_DEVICE_BYTES = 512 << 20  # a step's layer-pipelined copies held on the GPU, at most
+
+
+def staging_chunks(chunk_shape: tuple[int, int, int], budget_bytes: int, most: int) -> int:
+    """How many chunk buffers of ``chunk_shape`` (bytes) fit in ``budget_bytes`` of host
+    staging, at least one (a chunk must move) and at most ``most``."""
+    chunk_bytes = chunk_shape[0] * chunk_shape[1] * chunk_shape[2]
+    return max(1, min(most, budget_bytes // max(chunk_bytes, 1)))
 
 
 def batched_by_default(paged: PagedKV) -> bool:

@@ -21,6 +21,7 @@ blocks are reported and recomputed. Nothing on the step waits for a slow tier.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -34,13 +35,14 @@ from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
 from kvstack.integrations.vllm.load_cost import LoadSample
-from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
+from kvstack.integrations.vllm.loads import BATCH_CHUNKS, AsyncLoader, FinishedLoads
 from kvstack.integrations.vllm.lookup import LookupServer, PrefixAnswer, lookup_endpoint
-from kvstack.integrations.vllm.saves import SaveQueue
+from kvstack.integrations.vllm.saves import MAX_STAGED_CHUNKS, SaveQueue
 from kvstack.integrations.vllm.scheduler import KVStackMetadata, KVStackWorkerMeta
 from kvstack.integrations.vllm.stats import TIER_COUNTERS, KVStackStats
 from kvstack.integrations.vllm.streams import make_stream
 from kvstack.integrations.vllm.sync_loads import SyncLoader
+from kvstack.integrations.vllm.transfers import staging_chunks
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
@@ -139,6 +141,13 @@ class WorkerSide:
         self.writes_at_bind = _on_cpu_build() and not getattr(
             kv_cache_config, "needs_kv_cache_zeroing", True
         )
+        # Host staging, in chunks of this model: staging_mib for saves and as much for the
+        # synchronous loads' buffers kept between steps; each load thread two sets of chunks
+        # in an eighth of it.
+        staging = self.settings.staging_mib << 20
+        save_chunks = staging_chunks(self.shape, staging, MAX_STAGED_CHUNKS)
+        kept_chunks = staging_chunks(self.shape, staging, sys.maxsize)
+        fetch_chunks = staging_chunks(self.shape, staging // 16, BATCH_CHUNKS)
         # A load thread writes on a GPU side stream while it fetches the next chunks. On the
         # CPU build it writes inline: a background write thread there would share the one
         # spare core of a 2-core host with the load and tier threads, and the interference
@@ -148,26 +157,29 @@ class WorkerSide:
                 self.cache, self.shape, self.rank, lambda: paged,
                 make_stream(device, False, "kvstack-load", follow_compute=False),
                 self.settings.load_threads, self.settings.load_timeout_s,
+                fetch_chunks,
             )  # fmt: skip
             self.sync_loader = SyncLoader(
                 self.cache, self.shape, self.rank,
                 make_stream(device, modes.layer_pipelining, "kvstack-layers"),
-                modes.layer_pipelining,
+                modes.layer_pipelining, kept_chunks,
             )  # fmt: skip
             self.saves = SaveQueue(
                 self.cache, self.shape, self.rank,
                 make_stream(device, modes.layer_pipelining or modes.copy_out_background,
                             "kvstack-copy-out"),
-                not modes.copy_out_background, self._remember_tokens,
+                not modes.copy_out_background, self._remember_tokens, save_chunks,
             )  # fmt: skip
         log.info(
             "kvstack connector: %d layers, %d blocks of %d tokens, %d-byte pages, tiers %s, "
-            "copy-out %s, layer pipelining %s, asynchronous loads write %s",
+            "copy-out %s, layer pipelining %s, asynchronous loads write %s; staging at most %d "
+            "chunks for saves, %d kept for loads, %d a fetch",
             self.layout.num_layers, paged.num_blocks, self.layout.block_size,
             self.layout.page_bytes, [t.name for t in self.cache.tiers],
             "in the background" if modes.copy_out_background else "on the step",
             "on" if modes.layer_pipelining else "off",
             "as they fetch" if self.writes_at_bind else "from start_load_kv",
+            save_chunks, kept_chunks, fetch_chunks,
         )  # fmt: skip
 
     def _remember_tokens(self, key: ChunkKey, chunk: ChunkIO, lora_name: str | None) -> None:
