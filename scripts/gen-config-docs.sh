@@ -14,4 +14,15 @@ cd "$(dirname "$0")/.."
   echo "error names the file and key, or the variable, that set the value."
   echo
   "${KVSTACK_VENV:-.venv}/bin/python" -m kvstack config reference
+  echo
+  cat <<'TEXT'
+## vLLM connector keys
+
+The connector reads these keys of `kv_connector_extra_config` in vLLM's
+`--kv-transfer-config` (`kvstack config reference --connector`). Every other key there is a
+`kv` key above (`tiers`, `chunk_size`...), over the file named by `KVSTACK_CONFIG` and under
+`KVSTACK_KV_*` variables; unknown keys are errors at engine start.
+
+TEXT
+  "${KVSTACK_VENV:-.venv}/bin/python" -m kvstack config reference --connector
 } > docs/configuration.md

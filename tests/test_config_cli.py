@@ -44,3 +44,12 @@ def test_reference_prints_markdown_by_default_and_json_rows_with_the_flag(
     assert rows["router.port"]["type"] == "int" and not rows["router.port"]["required"]
     assert f"| `router.port` | int | `{rows['router.port']['default']}` |" in table
     assert len(rows) == table.count("\n| `")
+
+
+def test_reference_of_the_connector_lists_its_keys_and_none_of_the_sections(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run("config", ["reference", "--connector", "--json"]) == 0
+    rows = {row["key"]: row for row in json.loads(capsys.readouterr().out)["keys"]}
+    assert rows["staging_mib"]["default"] == 2048 and rows["load_mode"]["default"] == "auto"
+    assert not any(key.startswith(("router.", "kv.")) for key in rows)

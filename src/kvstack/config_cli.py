@@ -1,9 +1,10 @@
 """``kvstack config show | reference``: the effective configuration, or its reference table.
 
 ``show`` prints the effective tree as YAML, the form a config file takes (secrets masked);
-``reference`` prints every key as a markdown table (docs/configuration.md). With ``--json``
-each prints one JSON document instead: the tree, or ``{"keys": [{key, type, default,
-description}, ...]}``.
+``reference`` prints every key as a markdown table (docs/configuration.md); with
+``--connector``, the keys of the vLLM connector's ``kv_connector_extra_config`` instead. With
+``--json`` each prints one JSON document instead: the tree, or ``{"keys": [{key, type,
+default, description}, ...]}``.
 """
 
 from __future__ import annotations
@@ -36,17 +37,25 @@ class ReferenceRow(NamedTuple):
     description: str
 
 
-def reference_rows() -> list[ReferenceRow]:
-    """Every key of every section, in the config models' order."""
+def reference_rows(connector: bool = False) -> list[ReferenceRow]:
+    """Every key of every section, in the config models' order; or, with ``connector``, every
+    connector key of ``kv_connector_extra_config`` (its other keys are ``kv`` keys)."""
     rows: list[ReferenceRow] = []
-    _walk(KVStackConfig, "", rows)
+    _walk(_connector_settings() if connector else KVStackConfig, "", rows)
     return rows
 
 
-def reference_markdown() -> str:
-    """A markdown table of every section and key, generated from the config models."""
+def _connector_settings() -> type[BaseModel]:
+    from kvstack.integrations.settings import ConnectorSettings  # only this table needs it
+
+    return ConnectorSettings
+
+
+def reference_markdown(connector: bool = False) -> str:
+    """A markdown table of every section and key (or connector key, with ``connector``),
+    generated from the config models."""
     lines = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
-    for row in reference_rows():
+    for row in reference_rows(connector):
         default = "required" if row.required else _show(row.default)
         description = row.description.replace("|", "\\|").replace("\n", " ")
         lines.append(f"| `{row.key}` | {row.type} | {default} | {description} |")
@@ -110,6 +119,9 @@ def run(command: str, argv: list[str]) -> int:
     show = sub.add_parser("show", help="print the effective configuration as YAML")
     show.add_argument("--config", help="YAML file (default: $KVSTACK_CONFIG)")
     reference = sub.add_parser("reference", help="print the reference as a markdown table")
+    reference.add_argument(
+        "--connector", action="store_true", help="the vLLM connector's keys instead"
+    )
     for verb in (show, reference):
         add_json_flag(verb)
     args = parser.parse_args(argv)
@@ -121,8 +133,8 @@ def run(command: str, argv: list[str]) -> int:
         print(yaml.safe_dump(shown, sort_keys=True), end="")
     elif args.json:
         rows = [{**row._asdict(), "default": to_jsonable_python(row.default)} for row in
-                reference_rows()]  # fmt: skip
+                reference_rows(args.connector)]  # fmt: skip
         return print_json({"keys": rows})
     else:
-        print(reference_markdown())
+        print(reference_markdown(args.connector))
     return 0
