@@ -100,6 +100,8 @@ def _is_union(annotation: Any) -> bool:
 
 def _type_name(annotation: Any) -> str:
     text = str(annotation).replace("typing.", "").replace("<class '", "").replace("'>", "")
+    if text.startswith("Optional[") and text.endswith("]"):  # how typing shows Literal[...] | None
+        text = f"{text[len('Optional[') : -1]} | None"
     text = re.sub(r"\b(?:[a-z_]+\.)+([A-Z]\w*)", r"\1", text)  # kvstack.x.y.Model -> Model
     return text.replace(" | ", " or ").replace("NoneType", "None")
 
