@@ -47,6 +47,20 @@ def make_loader(kv: KVCache, timeout_s: float = 10.0) -> tuple[AsyncLoader, torc
     return loader, memory
 
 
+def test_a_load_reported_by_a_step_that_began_before_it_finished_counts_its_fetch(
+    kv: KVCache,
+) -> None:
+    kv.put_chunks(KEYS[:1], [chunk_of(1)])
+    loader, _ = make_loader(kv)
+    step_began = time.monotonic()  # the step reads the clock, then the thread finishes
+    loader.submit(request([[5, 9]]))
+    deadline = time.monotonic() + 10
+    while not (finished := loader.take_finished(now=step_began)).req_ids:
+        assert time.monotonic() < deadline, "the load never finished"
+        time.sleep(0.005)
+    assert finished.seconds[0] >= finished.fetch_seconds[0] > 0
+
+
 def test_an_async_load_writes_every_block_and_is_reported_once(kv: KVCache) -> None:
     kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
     loader, memory = make_loader(kv)

@@ -204,25 +204,27 @@ class AsyncLoader:
                 _settle(job)  # a write in flight lands (or fails) before the blocks are reported
                 job.abandoned = True
                 written = job.written
+                # A thread may have finished after ``now`` was read: not before its own fetch.
+                seconds = max(now - job.started, job.fetch_seconds)
                 if not timed_out:
                     out.fetch_seconds.append(job.fetch_seconds)
                 if not timed_out and written:
                     out.samples.append(
                         LoadSample(job.request.req_id, written, job.fetch_seconds, False)
                     )
-            self._report(job, written, timed_out, now, out)
+            self._report(job, written, timed_out, seconds, out)
         with self._jobs_lock:
             for req_id in out.req_ids:
                 self._jobs.pop(req_id, None)
         return out
 
     def _report(
-        self, job: _Job, written: int, timed_out: bool, now: float, out: FinishedLoads
+        self, job: _Job, written: int, timed_out: bool, seconds: float, out: FinishedLoads
     ) -> None:
         chunks = job.request.chunks
         failed = chunks[written:]
         out.req_ids.add(job.request.req_id)
-        out.seconds.append(now - job.started)
+        out.seconds.append(seconds)
         out.failed_blocks.update(b for c in failed for b in c.block_ids)
         out.loaded_blocks += sum(len(c.block_ids) for c in chunks[:written])
         out.failed_chunks += len(failed)
