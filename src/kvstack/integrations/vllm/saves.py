@@ -139,13 +139,12 @@ class SaveQueue:
             return self._batch
         batch = _Batch(step, {r.req_id for r in saves})
         direct = self._two_phase and paged.device.type == "cpu"
-        staged = 0  # staging buffers this batch holds
         for request in saves:
             for chunk in request.chunks:
-                item = self._target(paged, chunk, request.lora_name, direct, staged)
+                # Not direct, every item so far holds a staging buffer.
+                item = self._target(paged, chunk, request.lora_name, direct, len(batch.items))
                 if item is not None:
                     batch.items.append(item)
-                    staged += 0 if item.direct else 1
         if batch.items:
             indexes, targets = [i.index for i in batch.items], [i.target for i in batch.items]
             batch.copy_out = LayerCopyOut(paged, indexes, targets)
@@ -155,6 +154,7 @@ class SaveQueue:
     def _target(
         self, paged: PagedKV, chunk: ChunkIO, lora_name: str | None, direct: bool, staged: int
     ) -> _Item | None:
+        """``staged``: the staging buffers the batch holds already."""
         key = ChunkKey(chunk.keys[self._rank])
         if direct:
             target = self._cache.prepare_put(key, torch.uint8, self._shape)
