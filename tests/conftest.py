@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
+from kvstack.stack import ports
+
 
 def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port that is free on 127.0.0.1 right now (:func:`kvstack.stack.ports.free_port`)."""
+    return ports.free_port()
 
 
 @pytest.fixture
