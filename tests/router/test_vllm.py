@@ -136,9 +136,7 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
 
     with ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(one, i) for i in range(8)]
-        # The victim: an engine with requests running on it now (the policy decides which).
-        busy = _wait_in_flight(deployment.router_url, [e.url for e in deployment.engines])
-        victim = next(e for e in deployment.engines if e.url == busy)
+        victim = _freeze_busy_engine(deployment)
         survivor = next(e for e in deployment.engines if e is not victim)
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
@@ -158,17 +156,32 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
     assert done.choices[0].text is not None
 
 
-def _wait_in_flight(router_url: str, backends: list[str], timeout_s: float = 30.0) -> str:
-    """The first of ``backends`` seen with a request in flight (by the router's gauge)."""
+def _freeze_busy_engine(deployment: Deployment, timeout_s: float = 30.0) -> VLLMServer:
+    """An engine with a request in flight (the policy decides which), stopped with SIGSTOP so
+    that the request stays in flight until the caller kills it. Between reading the router's
+    gauge and a kill, a fast engine could finish its requests (then there is nothing to
+    retry); a stopped one cannot, so the gauge is read again once it is stopped."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
-            for backend in backends:
-                wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
-                if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) > 0:
-                    return backend
+        for engine in deployment.engines:
+            if _in_flight(deployment.router_url, engine.url) == 0:
+                continue
+            assert engine.pid is not None
+            os.killpg(engine.pid, signal.SIGSTOP)
+            time.sleep(0.3)  # an answer already on its way reaches the router
+            if _in_flight(deployment.router_url, engine.url) > 0:
+                return engine
+            os.killpg(engine.pid, signal.SIGCONT)
         time.sleep(0.02)
-    raise AssertionError(f"no request in flight on any of {backends}")
+    raise AssertionError("no engine held a request in flight")
+
+
+def _in_flight(router_url: str, backend: str) -> float:
+    wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
+    for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(wanted):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
