@@ -22,7 +22,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
-from kvstack.bench.compare.ports import free_port
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 
 BODY = {"prompt": "t20 t21 t22 t23", "max_tokens": 8, "stream": True}

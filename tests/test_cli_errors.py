@@ -7,7 +7,6 @@ Each case runs the real ``kvstack`` command in a subprocess, as a user would.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 
 from kvstack.cli import one_line_error
 from kvstack.errors import ConfigError
+from kvstack.stack.ports import free_port
 
 
 def kvstack(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -46,13 +46,6 @@ def assert_one_line(result: subprocess.CompletedProcess[str], *parts: str) -> st
     assert "Traceback" not in result.stderr
     assert all(part in lines[0] for part in parts), lines[0]
     return lines[0]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port  # closed: nothing listens there
 
 
 @pytest.fixture()

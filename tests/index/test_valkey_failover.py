@@ -22,7 +22,6 @@ import aiohttp
 import pytest
 import torch
 
-from kvstack.bench.compare.ports import free_port_range
 from kvstack.cluster.attach import ClusterLink, attach_cluster
 from kvstack.cluster.config import AnnounceConfig, IndexConfig, PeerServerConfig
 from kvstack.kv import KVCache
@@ -30,6 +29,7 @@ from kvstack.router.prefix.shared import LOOKUPS
 from kvstack.router.scheduling.tokenizers import SimPromptTokenizer
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
+from kvstack.stack.ports import free_port_run
 from tests.index.valkey_servers import SentinelSet
 from tests.router.conftest import router_config, serve_router
 
@@ -54,7 +54,7 @@ def sentinel(tmp_path: Path) -> Iterator[SentinelSet]:
 @pytest.fixture
 def fleet() -> Iterator[FleetThread]:
     config = SimConfig(block_size=16, num_blocks=2048, prefill_tokens_per_s=4000.0)
-    with FleetThread(fleet_specs(config, 2, free_port_range(2), "127.0.0.1")) as f:
+    with FleetThread(fleet_specs(config, 2, free_port_run(2), "127.0.0.1")) as f:
         yield f
 
 

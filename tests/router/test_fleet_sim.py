@@ -18,11 +18,11 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvstack.bench.compare.ports import free_port_range
 from kvstack.index.radix import Owner, RadixNamespace
 from kvstack.router.prefix.state import PrefixState
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
+from kvstack.stack.ports import free_port_run
 from tests.router.conftest import RouterFactory, until
 
 pytestmark = pytest.mark.slow
@@ -42,13 +42,13 @@ def words(start: int, n: int) -> str:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[FleetThread]:
-    events, replay = free_port_range(3), free_port_range(3)
+    events, replay = free_port_run(3), free_port_run(3)
     config = SimConfig(
         **SIM,
         kv_events_endpoint=f"tcp://*:{events}",
         kv_events_replay_endpoint=f"tcp://*:{replay}",
     )
-    with FleetThread(fleet_specs(config, 3, free_port_range(3), "127.0.0.1")) as f:
+    with FleetThread(fleet_specs(config, 3, free_port_run(3), "127.0.0.1")) as f:
         f.event_ports = [events + i for i in range(3)]  # type: ignore[attr-defined]
         f.replay_offset = replay - events  # type: ignore[attr-defined]
         yield f

@@ -22,9 +22,9 @@ import pytest
 import yaml
 from pydantic import SecretStr
 
-from kvstack.bench.compare.ports import free_port_range
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
+from kvstack.stack.ports import free_port_run
 from kvstack.stack.procs import ManagedProcess
 from tests.conftest import free_port
 from tests.router.conftest import RunningRouter, router_config, serve_router
@@ -39,7 +39,7 @@ PUBLIC_DECISION = re.compile(r"backend=[^;]+;reason=[a-z_]+")
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[FleetThread]:
     config = SimConfig(block_size=16, num_blocks=1024, api_key=SecretStr(ENGINE_KEY))
-    with FleetThread(fleet_specs(config, 2, free_port_range(2), "127.0.0.1")) as f:
+    with FleetThread(fleet_specs(config, 2, free_port_run(2), "127.0.0.1")) as f:
         yield f
 
 

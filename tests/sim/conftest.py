@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from kvstack.bench.compare.ports import free_port_range
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, SimEngineSpec
+from kvstack.stack.ports import free_port_run
 from kvstack.stack.procs import ManagedProcess
 from tests.conftest import free_port
 
@@ -43,7 +43,7 @@ def sim_process(tmp_path: Path) -> Iterator[SimProcessFactory]:
     procs: list[ManagedProcess] = []
 
     def start(engines: int = 1, **flags: Any) -> list[str]:
-        base = free_port_range(engines)
+        base = free_port_run(engines)
         argv = [
             sys.executable,
             "-m",

@@ -82,7 +82,7 @@ def test_vllm_spelled_flags(tmp_path: object) -> None:
     import msgspec
     import zmq
 
-    from kvstack.bench.compare.ports import free_port
+    from kvstack.stack.ports import free_port
 
     port, events = free_port(), free_port()
     config = {"enable_kv_cache_events": True, "publisher": "zmq",
@@ -117,7 +117,7 @@ def test_vllm_spelled_flags(tmp_path: object) -> None:
 def test_the_api_key_comes_from_vllm_api_key_and_is_never_logged() -> None:
     import os
 
-    from kvstack.bench.compare.ports import free_port
+    from kvstack.stack.ports import free_port
 
     port = free_port()
     env = {**os.environ, "VLLM_API_KEY": "env-key-3f9a"}

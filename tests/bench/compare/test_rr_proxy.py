@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from kvstack.bench.compare.ports import free_port
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 from tests.bench.conftest import FleetFactory
 

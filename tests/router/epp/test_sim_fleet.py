@@ -16,9 +16,9 @@ import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from kvstack.bench.compare.ports import free_port_range
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
+from kvstack.stack.ports import free_port_run
 from kvstack.stack.procs import ManagedProcess
 from tests.conftest import free_port
 from tests.router.epp.envoy import EnvoyDouble
@@ -29,9 +29,9 @@ SIM = {"block_size": 16, "num_blocks": 2048, "prefill_tokens_per_s": 20000.0, "s
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[FleetThread]:
-    events = free_port_range(3)
+    events = free_port_run(3)
     config = SimConfig(**SIM, kv_events_endpoint=f"tcp://*:{events}")
-    with FleetThread(fleet_specs(config, 3, free_port_range(3), "127.0.0.1")) as f:
+    with FleetThread(fleet_specs(config, 3, free_port_run(3), "127.0.0.1")) as f:
         f.event_ports = [events + i for i in range(3)]  # type: ignore[attr-defined]
         yield f
 

@@ -21,8 +21,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvstack.bench.compare.experiment import FleetSpec
-from kvstack.bench.compare.ports import free_port_range
 from kvstack.errors import ConfigError
+from kvstack.stack.ports import free_port_run
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["BenchFleet", "EngineSnapshot", "SimBenchFleet", "VLLMBenchFleet", "make_fleet"]
@@ -112,9 +112,9 @@ class SimBenchFleet(BenchFleet):
     def __init__(self, spec: FleetSpec, workdir: Path, start_timeout_s: float) -> None:
         super().__init__(spec, workdir, start_timeout_s)
         self.proc: ManagedProcess | None = None
-        self.base_port = free_port_range(spec.engines)
+        self.base_port = free_port_run(spec.engines)
         if spec.kv_events:
-            self.event_base_port = free_port_range(spec.engines)
+            self.event_base_port = free_port_run(spec.engines)
         self.config_path = workdir / "sim-fleet.yaml"
         sim = dict(spec.sim)
         if spec.kv_events:  # engines bind a wildcard endpoint; consumers connect to loopback
@@ -176,9 +176,9 @@ class VLLMBenchFleet(BenchFleet):
         from kvstack.stack.vllm_server import VLLMServer
 
         self.servers: list[VLLMServer] = []
-        self.base_port = free_port_range(spec.engines)
+        self.base_port = free_port_run(spec.engines)
         if spec.kv_events:
-            self.event_base_port = free_port_range(spec.engines)
+            self.event_base_port = free_port_run(spec.engines)
         self.model_path = self._model_path()
 
     def _model_path(self) -> str:

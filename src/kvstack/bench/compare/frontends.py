@@ -23,8 +23,8 @@ from pathlib import Path
 
 from kvstack.bench.compare.experiment import FrontendSpec
 from kvstack.bench.compare.fleet import BenchFleet
-from kvstack.bench.compare.ports import free_port
 from kvstack.errors import ConfigError
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["FrontendProcess", "expand_command", "preset_command"]

@@ -38,10 +38,10 @@ from typing import Any
 import yaml
 
 from kvstack.bench import results
-from kvstack.bench.compare.ports import free_port, free_port_range
 from kvstack.bench.load.stats import percentile
 from kvstack.bench.micro.epp_load import ExtProcLoad, closed_loop, open_loop
 from kvstack.bench.micro.router_harness import cpu_seconds
+from kvstack.stack.ports import free_port, free_port_run
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["run"]
@@ -75,7 +75,7 @@ def bodies(groups: int, words: int, n: int = 2000) -> list[tuple[int, bytes]]:
 
 
 def _start(stack: ExitStack, workdir: Path, engines: int) -> dict[str, Any]:
-    base = free_port_range(engines)
+    base = free_port_run(engines)
     fleet = ManagedProcess(
         "sim-fleet",
         [sys.executable, "-m", "kvstack", "sim-engine", "--fleet", str(engines),

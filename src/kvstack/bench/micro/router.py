@@ -35,7 +35,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from kvstack.bench.compare.ports import free_port
 from kvstack.bench.micro import router_report
 from kvstack.bench.micro.router_harness import (
     cpu_seconds,
@@ -47,6 +46,7 @@ from kvstack.bench.micro.router_harness import (
     vllm_router_binary,
 )
 from kvstack.bench.results import save
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["run"]

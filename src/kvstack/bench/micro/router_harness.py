@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstack.bench.compare.ports import free_port
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = [

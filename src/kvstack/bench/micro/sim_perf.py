@@ -38,11 +38,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstack.bench.compare.experiment import FleetSpec, FrontendSpec
 from kvstack.bench.compare.fleet import SimBenchFleet
 from kvstack.bench.compare.frontends import FrontendProcess
-from kvstack.bench.compare.ports import free_port
 from kvstack.bench.load.loadgen import LoadPlan
 from kvstack.bench.load.serve import run_serve
 from kvstack.bench.load.stats import SLO
 from kvstack.bench.results import save
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 
 __all__ = ["FleetPoint", "SinglePoint", "run"]

@@ -30,8 +30,8 @@ import time
 
 import httpx
 
-from kvstack.bench.compare.ports import free_port
 from kvstack.bench.routers.spread import Spreader, picker
+from kvstack.stack.ports import free_port
 
 __all__ = ["main"]
 
