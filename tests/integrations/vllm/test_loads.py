@@ -206,6 +206,90 @@ def test_a_load_fetches_the_next_chunks_while_the_last_ones_are_written(kv: KVCa
     loader.close()  # closes its stream
 
 
+class _WriteAwaitsRead:
+    """An inline stream (the CPU build's) whose first write waits, up to 2 s, for the read of
+    ``key`` to begin: it begins only if the loader reads ahead while it writes."""
+
+    def __init__(self, kv: KVCache, key: ChunkKey) -> None:
+        self.kv, self.key, self.inline = kv, key, InlineStream()
+        self.read_began = threading.Event()
+        self.overlapped: list[bool] = []
+
+    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
+        if self.key in keys:
+            self.read_began.set()
+        return self.kv.get_chunks_into(keys, outs)
+
+    def submit(self, work: Callable[[], None]) -> Completion:
+        if not self.overlapped:
+            self.overlapped.append(self.read_began.wait(2))
+        return self.inline.submit(work)
+
+    def close(self) -> None:
+        self.inline.close()
+
+
+def test_on_an_inline_stream_the_next_chunks_are_read_while_the_last_are_written(
+    kv: KVCache,
+) -> None:
+    """On the CPU build the write runs on the load thread: the next batch's read (mostly a wait
+    on the disk or the network) runs beside it, on a fetch thread."""
+    kv.put_chunks(KEYS[:3], [chunk_of(1), chunk_of(2), chunk_of(3)])
+    both = _WriteAwaitsRead(kv, KEYS[1])
+    paged, memory = paged_kv()
+    loader = AsyncLoader(both, SHAPE, 0, lambda: paged, both, 1, 10.0, 1)  # type: ignore[arg-type]
+    loader.submit(request([[0, 1], [2, 3], [4, 5]]))
+    finished = wait_finished(loader)
+    assert both.overlapped == [True], "chunk 1 was read only after chunk 0 was written"
+    assert not finished.failed_blocks and finished.loaded_blocks == 6
+    for value, blocks in ((1, [0, 1]), (2, [2, 3]), (3, [4, 5])):
+        assert torch.equal(memory[:, blocks], chunk_of(value))
+    loader.close()
+
+
+class _Events:
+    """Wraps a cache: logs each read's first key, and holds reads of ``key`` until released."""
+
+    def __init__(self, kv: KVCache, key: ChunkKey) -> None:
+        self.kv, self.key, self.release = kv, key, threading.Event()
+        self.log: list[str] = []
+
+    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
+        self.log.append(f"read {KEYS.index(keys[0])}")
+        if self.key in keys:
+            assert self.release.wait(10)
+            self.log.append("released")
+        return self.kv.get_chunks_into(keys, outs)
+
+
+def test_a_load_thread_takes_no_other_load_while_its_read_ahead_fills_its_buffers(
+    kv: KVCache,
+) -> None:
+    """A load abandoned at its deadline may leave a read ahead filling the thread's buffers:
+    the thread waits for it before the next load uses them (else that load's chunk could be
+    overwritten by the late answer between its read and its write)."""
+    kv.put_chunks(KEYS, [chunk_of(1), chunk_of(2), chunk_of(3), chunk_of(4)])
+    events, stream = _Events(kv, KEYS[2]), _HeldStream()
+    paged, memory = paged_kv()
+    loader = AsyncLoader(events, SHAPE, 0, lambda: paged, stream, 1, 1.0, 1)  # type: ignore[arg-type]
+    loader.submit(request([[0, 1], [2, 3], [4, 5]]))
+    # Chunk 0's write lands after the deadline; the thread then reads chunk 2 ahead (held)
+    # and finds its load abandoned.
+    threading.Timer(1.3, stream.release.release).start()
+    first = wait_finished(loader)
+    assert first.timeouts == 1 and first.failed_blocks == {2, 3, 4, 5}
+    stream.release.release()  # the next load's write
+    loader.submit(RequestIO("r2", [ChunkIO(0, (KEYS[3],), [6, 7])]))
+    threading.Timer(0.3, events.release.set).start()
+    finished = wait_finished(loader)
+    assert finished.req_ids == {"r2"} and not finished.failed_blocks
+    assert events.log == ["read 0", "read 1", "read 2", "released", "read 3"]
+    assert torch.equal(memory[:, [6, 7]], chunk_of(4))
+    assert torch.equal(memory[:, [0, 1]], chunk_of(1))
+    assert int(memory[:, [2, 3, 4, 5]].sum()) == 0, "written after the load was reported"
+    loader.close()  # closes its stream
+
+
 def test_a_timed_out_load_counts_the_write_in_flight_once_it_lands(kv: KVCache) -> None:
     """At the deadline a write already started finishes before the blocks are reported: its
     chunk counts as loaded, and nothing is written after the report."""
