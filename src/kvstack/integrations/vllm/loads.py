@@ -4,13 +4,12 @@ vLLM parks a request whose load is asynchronous in ``WAITING_FOR_REMOTE_KVS`` an
 stepping the others. :class:`AsyncLoader` runs each such load as a job on its own threads
 (off the engine's compute cores on vLLM's CPU build): it fetches a few chunks at a time from
 the tiers into staging buffers and writes them into the request's blocks on the copy stream.
-The next few chunks are fetched into a second set of buffers, on a fetch thread, while the last
-ones are written. On a GPU the write is a side stream, fed from pinned memory. On the CPU build
-the worker gives it an inline stream: the write runs on the load thread, beside the next
-fetch, which mostly waits on the disk or the network (see the worker for the measurement).
-``take_finished`` reports, once per job, that the request's receive is over, and which blocks
-did not arrive: vLLM recomputes exactly those and everything after them
-(``kv_load_failure_policy=recompute``).
+On a GPU that is a side stream, fed from pinned memory, and the thread fetches the next few
+chunks into a second set of buffers while the last ones cross. On the CPU build the worker
+gives it an inline stream: the write runs on the load thread, then the next fetch starts (see
+the worker for the measurement). ``take_finished`` reports, once per job, that the request's
+receive is over, and which blocks did not arrive: vLLM recomputes exactly those and everything
+after them (``kv_load_failure_policy=recompute``).
 
 A job starts when the worker is handed the step's metadata, before the step's forward pass,
 not when vLLM calls ``start_load_kv``: vLLM 0.32 calls that after the forward where a step has
@@ -117,10 +116,6 @@ class AsyncLoader:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="kvstack-load", initializer=enter_background
         )
-        # One batch read ahead per load thread (:meth:`_fetch_ahead`).
-        self._fetchers = concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="kvstack-fetch", initializer=enter_background
-        )
 
     def submit(self, request: RequestIO, go: threading.Event | None = None) -> None:
         """Start ``request``'s load: fetching at once, writing once ``go`` is set (at once
@@ -154,20 +149,15 @@ class AsyncLoader:
 
     def _fetch_and_write(self, job: _Job) -> None:
         chunks = job.request.chunks
-        starts = range(0, len(chunks), self._batch)
-        ahead: concurrent.futures.Future[int] | None = None  # the next batch's fetch
         try:
-            for n, start in enumerate(starts):
+            for n, start in enumerate(range(0, len(chunks), self._batch)):
                 if job.abandoned:
                     return
                 batch = chunks[start : start + self._batch]
                 keys = job.keys[start : start + self._batch]
                 # Two sets of buffers: this batch fills one while the last one's write runs.
                 buffers = self._buffers(n % 2, len(batch))
-                if ahead is None:
-                    loaded = self._cache.get_chunks_into(keys, buffers)
-                else:
-                    loaded, ahead = ahead.result(), None
+                loaded = self._cache.get_chunks_into(keys, buffers)
                 if not job.go.wait(max(job.deadline - time.monotonic(), 0.0)):
                     return  # the step that may write never came: reported failed at the deadline
                 paged = self._paged()
@@ -176,8 +166,6 @@ class AsyncLoader:
                 if (writing := job.writing) is not None:
                     with contextlib.suppress(Exception):  # reported by _settle
                         writing[0].wait()
-                if loaded == len(batch) and n + 1 < len(starts):
-                    ahead = self._fetch_ahead(job, starts[n + 1], n + 1)
                 with job.lock:
                     if not _settle(job) or job.abandoned:
                         return
@@ -188,22 +176,8 @@ class AsyncLoader:
                 if loaded < len(batch):
                     return
         finally:
-            if ahead is not None:  # it fills this thread's buffers: done before they are reused
-                with contextlib.suppress(Exception):
-                    ahead.result()
             with job.lock:
                 _settle(job)
-
-    def _fetch_ahead(self, job: _Job, start: int, n: int) -> concurrent.futures.Future[int]:
-        """Fetch batch ``n`` (from chunk ``start``) into this thread's other set of buffers on
-        a fetch thread, while this one writes the batch before it. A tier read mostly waits
-        (on the disk or the network), so on the CPU build, where the write runs on this
-        thread, the two overlap even on one spare core. In the interference bench's engine an
-        8K-token load from the file tier spent about as long in reads as in writes, one after
-        the other, before this."""
-        keys = job.keys[start : start + self._batch]
-        buffers = self._buffers(n % 2, len(keys))
-        return self._fetchers.submit(self._cache.get_chunks_into, keys, buffers)
 
     def _buffers(self, slot: int, count: int) -> list[torch.Tensor]:
         """This thread's staging buffers of set ``slot`` (0 or 1; a timed-out fetch may still
@@ -267,7 +241,6 @@ class AsyncLoader:
             for job in self._jobs.values():
                 job.abandoned = True
         self._pool.shutdown(wait=True, cancel_futures=True)
-        self._fetchers.shutdown(wait=True)  # after the load threads, which wait for theirs
         self._stream.close()  # after the jobs: each waited for its last write
 
 

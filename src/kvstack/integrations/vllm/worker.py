@@ -148,11 +148,10 @@ class WorkerSide:
         save_chunks = staging_chunks(self.shape, staging, MAX_STAGED_CHUNKS)
         kept_chunks = staging_chunks(self.shape, staging, sys.maxsize)
         fetch_chunks = staging_chunks(self.shape, staging // 16, BATCH_CHUNKS)
-        # A load thread writes on a GPU side stream while the next chunks are fetched. On the
-        # CPU build it writes inline, beside the next fetch: a background write thread there
-        # would share the one spare core of a 2-core host with the load and tier threads, and
-        # the interference bench showed no gain from it (the spread between runs was larger
-        # than any change).
+        # A load thread writes on a GPU side stream while it fetches the next chunks. On the
+        # CPU build it writes inline: a background write thread there would share the one
+        # spare core of a 2-core host with the load and tier threads, and the interference
+        # bench showed no gain from it (the spread between runs was larger than any change).
         with starting_background_threads():
             self.loader = AsyncLoader(
                 self.cache, self.shape, self.rank, lambda: paged,
