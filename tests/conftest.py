@@ -6,12 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstack.stack import ports
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now (:func:`kvstack.stack.ports.free_port`)."""
-    return ports.free_port()
+from kvstack.stack.ports import free_port
 
 
 @pytest.fixture

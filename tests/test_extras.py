@@ -21,7 +21,7 @@ import pytest
 import tomllib
 
 from kvstack.extras import EXTRA_OF_MODULE
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.lora.adapters import synthetic_adapter
 
 ROOT = Path(__file__).resolve().parents[1]

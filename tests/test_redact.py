@@ -21,7 +21,7 @@ from kvstack.log import RedactingFilter
 from kvstack.redact import redact_data, redact_text
 from kvstack.router.fleet.config import BackendConfig
 from kvstack.router.fleet.discovery.static import backend_from_config
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 PLANTED = "Planted-Pw-7c1e"
 

@@ -20,7 +20,7 @@ from kvstack.deploy.chart import ChartManifest
 from kvstack.router.http.auth import parse_keys_file
 from kvstack.section import load_section
 from kvstack.security import MIN_SECRET_BYTES, SecurityConfig
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.deploy.rendered import container, engine_deployments, of_kind, render, rendered
 from tests.deploy.test_wiring import router_config, workloads
 

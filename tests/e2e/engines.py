@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 
 __all__ = [
     "Answer",

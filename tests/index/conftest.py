@@ -10,7 +10,7 @@ import pytest
 
 from kvstack.index.config import IndexServiceConfig
 from kvstack.index.runner import IndexServerThread
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.kv.tiers.conftest import redis_cluster, redis_server
 from tests.kv.tiers.remote.servers import RedisCluster, RedisServer
 

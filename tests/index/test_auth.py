@@ -20,7 +20,7 @@ from kvstack.index.config import IndexServiceConfig
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, LocateRequest
 from kvstack.index.runner import IndexServerThread
 from kvstack.security import ClusterKeys, SecurityConfig
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 KEYS = ClusterKeys(b"k" * 32)
 OTHER = ClusterKeys(b"o" * 32)

@@ -21,7 +21,7 @@ from kvstack.index.config import IndexServiceConfig
 from kvstack.index.protocol import AnnounceBatch, KeyProfile, LocateReply, TierInfo
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv.keys import ChunkKey, Namespace, chunk_keys
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.index.conftest import valkey_index_url
 from tests.kv.tiers.remote.servers import RedisServer
 

@@ -125,7 +125,7 @@ def test_index_restart_triggers_a_full_resync(index_server: IndexServerThread) -
 
 def test_silent_engines_are_forgotten(tmp_path: Path) -> None:
     from kvstack.index.config import IndexServiceConfig
-    from tests.conftest import free_port
+    from kvstack.stack.ports import free_port
 
     server = IndexServerThread(IndexServiceConfig(port=free_port(), instance_ttl_s=1.0)).start()
     client = IndexClient(server.url)
@@ -167,8 +167,8 @@ def test_bad_lookups_are_400_with_the_reason(
 
 
 def test_index_server_command(tmp_path: Path) -> None:
+    from kvstack.stack.ports import free_port
     from kvstack.stack.procs import ManagedProcess
-    from tests.conftest import free_port
 
     port = free_port()
     argv = [sys.executable, "-m", "kvstack", "index-server", "--port", str(port)]

@@ -27,7 +27,7 @@ from kvstack.index.runner import IndexServerThread
 from kvstack.index.zmq_server import ZmqServer
 from kvstack.kv.keys import Namespace, chunk_keys
 from kvstack.router.scheduling.config import PrefixConfig
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 CHUNK = 4
 TOKENS = list(range(100, 100 + 8 * CHUNK))  # 8 chunks

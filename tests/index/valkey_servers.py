@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.kv.tiers.remote.servers import REDIS_SERVER, RedisServer
 
 MASTER = "kvindex"

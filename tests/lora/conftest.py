@@ -20,7 +20,7 @@ from kvstack.lora.store.dir import DirStore
 from kvstack.lora.verify import Verifier
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.lora.adapters import TINY_DIMS, synthetic_adapter
 from tests.lora.fakes import FakeDriver, ManualClock
 
@@ -95,7 +95,7 @@ def postgres_url() -> Iterator[str]:
     import subprocess
     import tempfile
 
-    from tests.conftest import free_port
+    from kvstack.stack.ports import free_port
 
     initdb, postgres = _pg_bin("initdb"), _pg_bin("postgres")
     if initdb is None or postgres is None:

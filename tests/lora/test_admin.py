@@ -13,7 +13,7 @@ import uvicorn
 
 from kvstack.lora.admin import create_admin_app
 from kvstack.lora.residency import ResidencyTier
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.lora.adapters import synthetic_adapter
 from tests.lora.conftest import Setup
 

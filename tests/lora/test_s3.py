@@ -13,7 +13,7 @@ import pytest
 from kvstack.errors import VerificationError
 from kvstack.lora.decision import Action
 from kvstack.lora.store.s3 import S3Store
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.lora.adapters import synthetic_adapter
 from tests.lora.conftest import Setup
 

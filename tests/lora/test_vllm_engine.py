@@ -21,8 +21,8 @@ from kvstack.lora.residency import ResidencyTier
 from kvstack.lora.resolver import Resolver
 from kvstack.lora.upkeep import reconcile, sync_releases
 from kvstack.router.router import Router
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 from tests.lora.adapters import NO_VIOLATIONS, control_over, peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router
 

@@ -14,7 +14,7 @@ from kvstack.router.config import RouterConfig
 from kvstack.router.http.server import build_server
 from kvstack.router.router import Router
 from kvstack.section import deep_merge
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.router.fake_engine import FakeEngine
 
 # Fast loops so that tests see health and metric changes within a fraction of a second.

@@ -20,7 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 
 def pod(

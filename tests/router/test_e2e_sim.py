@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.slow
 

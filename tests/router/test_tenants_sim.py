@@ -24,9 +24,8 @@ from pydantic import SecretStr
 
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
-from kvstack.stack.ports import free_port_run
+from kvstack.stack.ports import free_port, free_port_run
 from kvstack.stack.procs import ManagedProcess
-from tests.conftest import free_port
 from tests.router.conftest import RunningRouter, router_config, serve_router
 
 ENGINE_KEY = "engine-key"

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.vllm
 

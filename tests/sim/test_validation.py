@@ -14,7 +14,7 @@ import pytest
 
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, SimEngineSpec
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.router.vllm_schema import assert_vllm_error
 
 CASES = json.loads((Path(__file__).parent / "data" / "vllm_validation.json").read_text())["cases"]

@@ -18,8 +18,8 @@ from kvstack.kv.seal import ChunkSealer
 from kvstack.security import SecurityConfig, load_keys
 from kvstack.stack.components import plan_stack
 from kvstack.stack.config import StackConfig
+from kvstack.stack.ports import free_port
 from kvstack.stack.secrets import REDIS_PASSWORD_ENV, prepare_secrets
-from tests.conftest import free_port
 from tests.stack.test_up import kvstack
 
 

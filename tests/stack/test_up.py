@@ -16,7 +16,7 @@ import yaml
 
 from kvstack.index.auth import bearer_header
 from kvstack.security import SecurityConfig, load_keys
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 
 def write_config(path: Path, run_dir: Path, router_port: int) -> Path:

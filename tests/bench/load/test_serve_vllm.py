@@ -12,8 +12,8 @@ import pytest
 from kvstack.bench.load.loadgen import LoadPlan
 from kvstack.bench.load.serve import run_serve
 from kvstack.bench.load.stats import SLO
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 
 pytestmark = pytest.mark.vllm
 

@@ -11,7 +11,7 @@ from kvstack.bench.compare.report import Cell
 from kvstack.bench.load.stats import SLO, summarize
 from kvstack.bench.routers.cli import aggregate, table
 from kvstack.bench.routers.spread import Spreader, picker
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 
 
 async def test_each_connection_goes_to_one_replica_and_bytes_flow_both_ways() -> None:

@@ -18,9 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstack.sim.config import SimConfig
 from kvstack.sim.server import FleetThread, fleet_specs
-from kvstack.stack.ports import free_port_run
+from kvstack.stack.ports import free_port, free_port_run
 from kvstack.stack.procs import ManagedProcess
-from tests.conftest import free_port
 from tests.router.epp.envoy import EnvoyDouble
 
 pytestmark = pytest.mark.slow

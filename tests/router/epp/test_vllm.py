@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
-from tests.conftest import free_port
 from tests.router.conftest import until
 from tests.router.epp.conftest import serve_epp
 

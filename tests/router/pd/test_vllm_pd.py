@@ -34,8 +34,8 @@ from kvstack.lora.signing import generate_keypair
 from kvstack.models.toy import _WORDS
 from kvstack.router.prefix.state import PrefixState
 from kvstack.router.router import Router
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
-from tests.conftest import free_port
 from tests.e2e.engines import metric_total, wait_metric
 from tests.lora.adapters import NO_VIOLATIONS, control_over, peft_adapter, real_plane
 from tests.router.conftest import router_config, serve_router, until

@@ -16,7 +16,7 @@ from kvstack.router.prefix.blocks import BlockTracker, EventFormatError
 from kvstack.router.prefix.events import KVEventBatch, decode_batch
 from kvstack.router.prefix.subscriber import EventStream
 from kvstack.sim.events import KVEventPublisher
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.router.conftest import until
 
 NS = RadixNamespace("m")

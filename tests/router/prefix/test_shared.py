@@ -20,7 +20,7 @@ from kvstack.router.prefix.shared import SharedTierLookup, tier_kind
 from kvstack.router.prefix.view import credited_tokens
 from kvstack.router.scheduling.config import DEFAULT_TIER_WEIGHTS, PrefixConfig
 from kvstack.router.scheduling.tokenizers import PromptTokens
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.index.conftest import valkey_index_url
 from tests.kv.tiers.conftest import redis_server
 from tests.kv.tiers.remote.servers import RedisServer

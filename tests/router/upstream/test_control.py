@@ -11,7 +11,7 @@ import pytest
 
 from kvstack.errors import UpstreamError
 from kvstack.router.upstream.control import ControlClient
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.router.fake_engine import FakeEngine
 
 

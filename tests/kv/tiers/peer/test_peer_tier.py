@@ -19,8 +19,8 @@ from kvstack.index.config import IndexServiceConfig
 from kvstack.index.runner import IndexServerThread
 from kvstack.kv import KVCache
 from kvstack.kv.tiers.peer.client import PeerClient
+from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
-from tests.conftest import free_port
 
 TOKENS = list(range(32))
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from kvstack.integrations.plan import block_aligned_hit
+from kvstack.stack.ports import free_port
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec, connector_config
-from tests.conftest import free_port
 from tests.e2e.engines import complete, metric_total, wait_metric
 from tests.kv.tiers.remote.servers import RedisServer
 

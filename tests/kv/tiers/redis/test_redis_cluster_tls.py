@@ -10,7 +10,7 @@ import torch
 from kvstack.kv.keys import Namespace, chunk_keys
 from kvstack.kv.tiers import make_tier
 from kvstack.kv.tiers.redis.tier import RedisTier
-from tests.conftest import free_port
+from kvstack.stack.ports import free_port
 from tests.kv.tiers.remote.servers import RedisCluster, RedisServer
 from tests.kv.tiers.remote.tls import make_tls_files
 
