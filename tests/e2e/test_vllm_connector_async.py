@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 CHUNK = 256
 ASYNC_LOADS = "kvstack_connector_async_loads_total"
+DEFERRED = "kvstack_connector_deferred_write_chunks_total"
 LOADED = "kvstack_connector_load_tokens_total"
 FAILED = "kvstack_connector_load_failed_chunks_total"
 HITS = "kvstack_connector_hit_tokens_total"
@@ -121,9 +122,13 @@ def test_an_async_load_computes_exactly_what_vllms_own_hit_computes(
     tokens = prompt(5 * CHUNK + 100, seed=1)  # vLLM's hit and kvstack's both cover 1280 tokens
     reference = computed_twice(engine_a, tokens, workdir)
     loads = metric_total(engine_a, ASYNC_LOADS)
+    deferred = metric_total(engine_a, DEFERRED)
     reset_prefix_cache(engine_a)
     assert generate(engine_a, tokens) == reference  # token ids and every logprob
     assert wait_metric(engine_a, ASYNC_LOADS, loads + 1) == loads + 1
+    # On vLLM's CPU build the load fetched off the step and its 5 chunks were written in the
+    # step that ran the request, beside the forward pass.
+    assert wait_metric(engine_a, DEFERRED, deferred + 5) == deferred + 5
 
     # Wrong KV would show: give P's chunk files another prompt's (valid, checksummed) pages.
     other = prompt(5 * CHUNK + 100, seed=2)

@@ -92,8 +92,10 @@ class ConnectorSettings(Section):
         description="host memory (pinned on GPUs) each worker may hold to stage chunks between "
         "its paged KV and the tiers: the copy-outs waiting for a tier write (the step waits "
         "for the save thread beyond it; none are staged where the first tier is cpu://, which "
-        "lends its own memory) and the synchronous loads' buffers kept between steps get this "
-        "much each, every asynchronous load thread an eighth of it; at least one chunk each",
+        "lends its own memory), the synchronous loads' buffers kept between steps, and on "
+        "vLLM's CPU build the asynchronous loads fetched and waiting for the next step to "
+        "write them (a load that does not fit writes as it fetches) get this much each, every "
+        "asynchronous load thread an eighth of it; at least one chunk each",
     )
     save_generated: bool = Field(
         default=True,

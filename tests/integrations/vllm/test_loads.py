@@ -239,3 +239,82 @@ def test_a_failed_write_fails_its_blocks_and_every_later_one(kv: KVCache) -> Non
     assert finished.failed_blocks == {0, 1, 2, 3} and finished.loaded_blocks == 0
     assert int(memory.sum()) == 0
     loader.close()  # closes its stream
+
+
+# -- deferred writes: fetched off the step, written by the next step ----------------------------
+def deferring_loader(
+    kv: KVCache, defer_chunks: int, timeout_s: float = 10.0
+) -> tuple[AsyncLoader, torch.Tensor]:
+    paged, memory = paged_kv()
+    loader = AsyncLoader(kv, SHAPE, 0, lambda: paged, InlineStream(), 1, timeout_s, 1, defer_chunks)
+    return loader, memory
+
+
+def test_a_deferred_load_only_fetches_and_hands_its_chunks_to_the_next_step(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    loader, memory = deferring_loader(kv, defer_chunks=2)
+    loader.submit(request([[5, 9], [3, 4]]))
+    finished = wait_finished(loader)
+    assert finished.req_ids == {"r1"} and not finished.failed_blocks
+    assert finished.loaded_blocks == 4
+    assert int(memory.sum()) == 0, "a deferred load wrote into the paged blocks itself"
+    [write] = finished.deferred
+    assert write.req_id == "r1" and [c.block_ids for c in write.chunks] == [[5, 9], [3, 4]]
+    assert torch.equal(write.staged[0], chunk_of(1)) and torch.equal(write.staged[1], chunk_of(2))
+    assert loader.lent_buffers == 2
+    write.release()
+    assert loader.lent_buffers == 0
+    loader.submit(request([[5, 9]], "r2"))  # the buffers are lent again, not made again
+    again = wait_finished(loader).deferred[0]
+    assert any(again.staged[0] is buf for buf in write.staged)
+    again.release()
+    loader.close()
+
+
+def test_a_load_beyond_the_deferral_budget_writes_as_it_fetches(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    loader, memory = deferring_loader(kv, defer_chunks=1)
+    loader.submit(request([[5, 9], [3, 4]]))  # two chunks: more than may wait for a step
+    finished = wait_finished(loader)
+    assert finished.deferred == [] and finished.loaded_blocks == 4
+    assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+    assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+    loader.close()
+
+
+def test_a_deferred_load_missing_a_chunk_hands_over_only_the_chunks_before_it(
+    kv: KVCache,
+) -> None:
+    kv.put_chunks([KEYS[0], KEYS[2]], [chunk_of(1), chunk_of(3)])  # chunk 1 is missing
+    loader, memory = deferring_loader(kv, defer_chunks=4)
+    loader.submit(request([[0, 1], [2, 3], [4, 5]]))
+    finished = wait_finished(loader)
+    assert finished.failed_blocks == {2, 3, 4, 5} and finished.loaded_blocks == 2
+    [write] = finished.deferred
+    assert [c.block_ids for c in write.chunks] == [[0, 1]] and len(write.staged) == 1
+    assert torch.equal(write.staged[0], chunk_of(1)) and int(memory.sum()) == 0
+    write.release()
+    assert loader.lent_buffers == 0
+    loader.close()
+
+
+def test_a_deferred_load_timed_out_hands_over_nothing_and_gets_its_buffers_back(
+    kv: KVCache,
+) -> None:
+    kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+    gate = _Gate(kv, KEYS[1])
+    paged, memory = paged_kv()
+    loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 0.2, 1, 4)  # type: ignore[arg-type]
+    loader.submit(request([[0, 1], [2, 3]]))
+    assert gate.entered.wait(5)  # chunk 0 fetched, the read of chunk 1 hangs
+    finished = wait_finished(loader)
+    assert finished.timeouts == 1 and finished.failed_blocks == {0, 1, 2, 3}
+    assert finished.deferred == [] and finished.loaded_blocks == 0
+    assert loader.lent_buffers == 2  # the thread still fills them
+    gate.release.set()
+    deadline = time.monotonic() + 5
+    while loader.lent_buffers and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert loader.lent_buffers == 0 and int(memory.sum()) == 0
+    assert loader.take_finished().req_ids == set()
+    loader.close()

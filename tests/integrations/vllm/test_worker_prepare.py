@@ -75,10 +75,82 @@ def test_where_writes_are_safe_at_the_metadata_a_load_needs_no_start(
     side: tuple[WorkerSide, torch.Tensor],
 ) -> None:
     worker, memory = side
-    worker.writes_at_bind = True  # vLLM's CPU build, a cache without zeroing
+    worker.writes_at_bind = True  # after register: writes as it fetches, deferring nothing
     worker.prepare_step(metadata(1))
     assert received(worker) == {"r1"}  # before start_load_kv: a step earlier
     assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+
+
+def cpu_worker(
+    monkeypatch: pytest.MonkeyPatch, pipelining: bool
+) -> tuple[WorkerSide, torch.Tensor]:
+    """A worker as on vLLM's CPU build: loads may write at the metadata, so they defer."""
+    monkeypatch.setattr(worker_module, "_on_cpu_build", lambda: False)  # keep this affinity
+    monkeypatch.setattr(worker_module, "_writes_before_forward", lambda config: True)
+    kv = KVConfig(model="prepare-test", chunk_size=CHUNK, tiers=["cpu://?size=4MiB"])
+    modes = TransferModes(copy_out_background=False, layer_pipelining=pipelining)
+    engine = f"prepare-{os.getpid()}-{time.time_ns()}"
+    worker = WorkerSide(kv, layout(), engine, ConnectorSettings(), modes, True)
+    config, caches, memory = allocation()
+    worker.register(config, caches)
+    assert worker.writes_at_bind
+    assert worker.cache.put_chunks(KEYS, [chunk_of(1), chunk_of(2)]) == 2
+    return worker, memory
+
+
+@pytest.mark.parametrize("pipelining", [False, True])
+def test_a_finished_load_is_written_by_the_next_step_before_its_layers_run(
+    monkeypatch: pytest.MonkeyPatch, pipelining: bool
+) -> None:
+    worker, memory = cpu_worker(monkeypatch, pipelining)
+    try:
+        worker.prepare_step(metadata(1))
+        worker.start_step(metadata(1))  # after the forward: step 1 has no synchronous loads
+        assert received(worker) == {"r1"}
+        assert int(memory.sum()) == 0, "written off the step: the request waited for it"
+        assert worker.loader.lent_buffers == 2
+        step2 = KVStackMetadata(step=2)
+        worker.prepare_step(step2)  # the step that may run r1: its writes start first
+        for name in worker.paged.layer_index:  # type: ignore[union-attr]
+            worker.wait_for_layer(name)  # each layer's attention, after its write
+            layer = worker.paged.layer_index[name]  # type: ignore[union-attr]
+            assert torch.equal(memory[layer][[5, 9]], chunk_of(1)[layer])
+            assert torch.equal(memory[layer][[3, 4]], chunk_of(2)[layer])
+        worker.start_step(step2)
+        worker.end_step(step2)
+        assert worker.loader.lent_buffers == 0  # the buffers went back at the step's end
+        assert worker.take_stats().data["deferred_write_chunks"] == 2  # type: ignore[union-attr]
+    finally:
+        worker.close()
+
+
+def test_a_load_started_beside_deferred_writes_writes_after_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A load started in the step that writes a finished load's chunks may have been given
+    the same blocks (the finished request was aborted and its blocks freed): the later load's
+    pages are the ones left."""
+    worker, memory = cpu_worker(monkeypatch, pipelining=True)
+    try:
+        worker.prepare_step(metadata(1))
+        worker.start_step(metadata(1))
+        assert received(worker) == {"r1"}
+        later = ChunkKey(b"\x07" * 16)
+        assert worker.cache.put_chunks([later], [chunk_of(7)]) == 1
+        step2 = KVStackMetadata(
+            step=2, async_loads=[RequestIO("r2", [ChunkIO(0, (later,), [5, 9])])]
+        )
+        monkeypatch.setattr(worker.loader, "_defer_chunks", 0)  # r2 writes as it fetches
+        worker.prepare_step(step2)
+        time.sleep(0.1)  # r2 fetched by now, and not let write while r1's writes may run
+        assert torch.equal(memory[:, [5, 9]], chunk_of(1))
+        worker.start_step(step2)
+        assert received(worker) == {"r2"}
+        worker.end_step(step2)
+        assert torch.equal(memory[:, [5, 9]], chunk_of(7))
+        assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+    finally:
+        worker.close()
 
 
 def test_a_step_whose_metadata_was_not_prepared_starts_its_loads_at_start(

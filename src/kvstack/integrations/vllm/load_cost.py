@@ -10,10 +10,11 @@ loading request itself) the load's time, once. So :meth:`LoadCost.within_step` a
         <= max(chunks x seconds per chunk off the step, one step)
 
 from what this engine measured itself: the worker times every load's fetch and write (without
-the waits for step boundaries), separately for loads within the step and off it, since they
-need not run at the same speed (on vLLM's CPU build the load threads run on cores other work
-also uses), and the scheduler times its steps (scheduled to reported). Each figure is the
-median of a short window, so that one slow step or load does not swing the choice.
+the waits for step boundaries; where an asynchronous load's write waits for the next step,
+beside its forward pass, only its fetch), separately for loads within the step and off it,
+since they need not run at the same speed (on vLLM's CPU build the load threads run on cores
+other work also uses), and the scheduler times its steps (scheduled to reported). Each figure
+is the median of a short window, so that one slow step or load does not swing the choice.
 
 With nothing measured within the step yet, a small load (:data:`PROBE_CHUNKS` chunks at most)
 goes there once to be measured; so does one in every :data:`PROBE_EVERY` slow-tier loads, so

@@ -18,6 +18,15 @@ step later than the metadata). The fetch needs nothing from the step, so it star
 writes into the paged blocks wait for the job's ``go`` event, which the worker sets where
 writing is safe (:meth:`.WorkerSide.prepare_step`).
 
+Deferred writes (vLLM's CPU build, where scheduling is synchronous): a job whose chunks fit
+the loader's deferral budget only fetches, into buffers it holds for the whole request, and is
+reported finished once fetched. Its chunks are then written in the next step, which begins only
+after that report: before that step's forward pass, layer by layer beside it
+(:meth:`.WorkerSide.prepare_step`), as a synchronous load's are. Fetching and writing one after
+the other on the spare core made the request wait for both; reading and writing at once there
+slowed the running decodes. Within the step the write is hidden behind the forward pass, and
+each layer's attention still runs only after that layer's write.
+
 A block is either written whole from a verified chunk or reported failed; never half. A job
 that outlives ``timeout_s`` is abandoned under its lock: a write already started finishes
 before the abandonment is reported, and nothing is written afterwards, even if the tier
@@ -46,10 +55,21 @@ from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 
-__all__ = ["BATCH_CHUNKS", "AsyncLoader", "FinishedLoads", "write_chunks"]
+__all__ = ["BATCH_CHUNKS", "AsyncLoader", "DeferredWrite", "FinishedLoads", "write_chunks"]
 
 log = logging.getLogger(__name__)
 BATCH_CHUNKS = 4  # chunks a load thread fetches at a time, at most (staging_mib may say fewer)
+
+
+@dataclass
+class DeferredWrite:
+    """A finished load's fetched chunks, to be written into their blocks in the next step;
+    ``release`` hands the buffers back to the loader once the write is done."""
+
+    req_id: str
+    chunks: list[ChunkIO]
+    staged: list[torch.Tensor]  # [layers, per_chunk, page] each, one per chunk
+    release: Callable[[], None]
 
 
 @dataclass
@@ -64,6 +84,7 @@ class FinishedLoads:
     seconds: list[float] = field(default_factory=list)  # start to finish, per job
     fetch_seconds: list[float] = field(default_factory=list)  # start to the thread done
     samples: list[LoadSample] = field(default_factory=list)  # jobs that wrote something
+    deferred: list[DeferredWrite] = field(default_factory=list)  # for the next step to write
 
 
 @dataclass
@@ -80,6 +101,8 @@ class _Job:
     fetched_all: bool = False  # the thread is done with the job (success or not)
     fetch_seconds: float = 0.0  # start to the thread being done with it
     abandoned: bool = False  # reported (finished or timed out): nothing more may be written
+    staged: list[torch.Tensor] | None = None  # a deferred job's buffers, one per chunk
+    handed_over: bool = False  # a deferred job's buffers went to the step (or back)
 
 
 def write_chunks(paged: PagedKV, chunks: list[ChunkIO], staged: list[torch.Tensor]) -> None:
@@ -104,12 +127,18 @@ class AsyncLoader:
         threads: int,
         timeout_s: float,
         batch_chunks: int = BATCH_CHUNKS,
+        defer_chunks: int = 0,
     ) -> None:
         self._cache, self._shape, self._rank = cache, chunk_shape, rank
         self._paged, self._stream = paged, stream
         self._timeout_s = timeout_s
         self._batch = batch_chunks
         self._pin = torch.cuda.is_available()
+        # Deferred writes: chunk buffers, at most defer_chunks of them (0: none deferred)
+        self._defer_chunks = defer_chunks
+        self._spare: list[torch.Tensor] = []
+        self._lent = 0
+        self._spare_lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._jobs_lock = threading.Lock()
         self._local = threading.local()
@@ -127,9 +156,34 @@ class AsyncLoader:
             go = threading.Event()
             go.set()
         job = _Job(request, keys, now, now + self._timeout_s, go)
+        job.staged = self._lend(len(request.chunks))
         with self._jobs_lock:
             self._jobs[request.req_id] = job
         self._pool.submit(self._run, job)
+
+    def _lend(self, count: int) -> list[torch.Tensor] | None:
+        """``count`` chunk buffers for a deferred job, or None (it writes as it fetches)
+        where they would take the lent buffers past ``defer_chunks``."""
+        with self._spare_lock:
+            if count == 0 or self._lent + count > self._defer_chunks:
+                return None
+            self._lent += count
+            taken = self._spare[len(self._spare) - min(count, len(self._spare)) :]
+            del self._spare[len(self._spare) - len(taken) :]
+        while len(taken) < count:
+            taken.append(torch.empty(self._shape, dtype=torch.uint8, pin_memory=self._pin))
+        return taken
+
+    def _give_back(self, buffers: list[torch.Tensor]) -> None:
+        with self._spare_lock:
+            self._lent -= len(buffers)
+            self._spare += buffers
+
+    @property
+    def lent_buffers(self) -> int:
+        """Chunk buffers held by deferred jobs and their writes."""
+        with self._spare_lock:
+            return self._lent
 
     @property
     def num_pending(self) -> int:
@@ -139,13 +193,34 @@ class AsyncLoader:
     # -- on a load thread ------------------------------------------------------------------
     def _run(self, job: _Job) -> None:
         try:
-            self._fetch_and_write(job)
+            if job.staged is not None:
+                self._fetch(job, job.staged)
+            else:
+                self._fetch_and_write(job)
         except Exception:  # a broken load is a recompute, never a dead thread or a bad block
             log.exception("kvstack: asynchronous load of request %s failed", job.request.req_id)
         finally:
             with job.lock:
                 job.fetched_all = True
                 job.fetch_seconds = time.monotonic() - job.started
+                # Reported as timed out while fetching: nothing of it is written, and its
+                # buffers, which this thread filled until now, go back.
+                give_back = job.staged is not None and job.abandoned and not job.handed_over
+                job.handed_over = job.handed_over or give_back
+            if give_back and job.staged is not None:
+                self._give_back(job.staged)
+
+    def _fetch(self, job: _Job, staged: list[torch.Tensor]) -> None:
+        """A deferred job: fetch every chunk into its own buffers; the step writes them."""
+        for start in range(0, len(job.keys), self._batch):
+            if job.abandoned:
+                return
+            keys = job.keys[start : start + self._batch]
+            loaded = self._cache.get_chunks_into(keys, staged[start : start + len(keys)])
+            with job.lock:
+                job.written += loaded  # fetched whole: the step writes them
+            if loaded < len(keys):
+                return
 
     def _fetch_and_write(self, job: _Job) -> None:
         chunks = job.request.chunks
@@ -203,6 +278,11 @@ class AsyncLoader:
                 timed_out = not job.fetched_all
                 _settle(job)  # a write in flight lands (or fails) before the blocks are reported
                 job.abandoned = True
+                if job.staged is not None and timed_out:
+                    job.written = 0  # still fetching: the thread gives its buffers back
+                elif job.staged is not None:
+                    job.handed_over = True
+                    out.deferred.append(self._deferred(job))
                 written = job.written
                 # A thread may have finished after ``now`` was read: not before its own fetch.
                 seconds = max(now - job.started, job.fetch_seconds)
@@ -217,6 +297,15 @@ class AsyncLoader:
             for req_id in out.req_ids:
                 self._jobs.pop(req_id, None)
         return out
+
+    def _deferred(self, job: _Job) -> DeferredWrite:
+        staged = job.staged or []
+        return DeferredWrite(
+            job.request.req_id,
+            job.request.chunks[: job.written],
+            staged[: job.written],
+            functools.partial(self._give_back, staged),
+        )
 
     def _report(
         self, job: _Job, written: int, timed_out: bool, seconds: float, out: FinishedLoads

@@ -33,6 +33,8 @@ COUNTERS: dict[str, str] = {
     "sync_loads": "Loads done within the step (in-memory chunks, or a load cheaper there)",
     "cost_sync_loads": "Loads from slower tiers done within the step because load_mode=auto "
     "measured them cheaper there than off it",
+    "deferred_write_chunks": "Chunks of asynchronous loads fetched off the step and written in "
+    "the next step, beside its forward pass (vLLM's CPU build)",
     "load_timeouts": "Asynchronous loads abandoned at load_timeout_s (recomputed instead)",
     "save_chunks": "Chunks copied out of the engine into kvstack",
     "save_bytes": "Bytes copied out of the engine into kvstack",
@@ -50,8 +52,9 @@ HISTOGRAMS: dict[str, str] = {
     "lookup_seconds": "Question to answer of the workers' prefix lookups (the scheduler "
     "waits at most 2 ms per step for one; the request waits the rest)",
     "async_load_seconds": "Start to finish of asynchronous loads (off the step)",
-    "async_fetch_seconds": "Start of asynchronous loads to their threads being done (fetched "
-    "and written); async_load_seconds adds the wait for the step that reports them",
+    "async_fetch_seconds": "Start of asynchronous loads to their threads being done (fetched, "
+    "and written unless the next step writes them); async_load_seconds adds the wait for the "
+    "step that reports them",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
     "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",
 }

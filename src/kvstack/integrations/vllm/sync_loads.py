@@ -85,7 +85,7 @@ class SyncLoader:
 
     def start(self, paged: PagedKV, requests: list[RequestIO]) -> SyncLoadResult:
         """Fetch the chunks and write them (or start writing them, layer by layer)."""
-        self.finish()
+        self.finish()  # the staging buffers are about to be refilled
         start = time.perf_counter()
         result = SyncLoadResult()
         staged: list[StagedChunk] = []
@@ -96,13 +96,20 @@ class SyncLoader:
             ok = self._fetch(paged, request, mine, result)
             staged += ok
             loaded.append((request.req_id, len(ok)))
+        self.write(paged, staged)
+        seconds, total = time.perf_counter() - start, sum(n for _, n in loaded)
+        result.samples = [LoadSample(r, n, seconds * n / total, True) for r, n in loaded if n]
+        return result
+
+    def write(self, paged: PagedKV, staged: list[StagedChunk]) -> None:
+        """Write ``staged`` (fetched already) into their blocks: layer by layer beside the
+        forward pass where pipelined (:meth:`wait_for_layer` orders each layer's attention
+        after its write), else at once. Any earlier write ends first."""
+        self.finish()
         if self.pipelined:
             self._layers = submit_layer_writes(self._stream, paged, staged)
         else:
             scatter_chunks(paged, [s.index for s in staged], [s.pages for s in staged])
-        seconds, total = time.perf_counter() - start, sum(n for _, n in loaded)
-        result.samples = [LoadSample(r, n, seconds * n / total, True) for r, n in loaded if n]
-        return result
 
     def _fetch(
         self,

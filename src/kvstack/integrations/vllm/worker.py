@@ -2,6 +2,9 @@
 
 Per step (vLLM's model runner)::
 
+    prepare_step(meta)         (at the metadata, before the forward) finished asynchronous
+                               loads' fetched chunks start to be written, maybe layer by layer;
+                               the step's asynchronous loads start fetching
     handle_preemptions(meta)   copy-outs of preempted requests' blocks end (they may be reused)
     start_load_kv(meta)        asynchronous loads start (:mod:`.loads`); loads the forward pass
                                needs are fetched and written, maybe layer by layer
@@ -35,13 +38,18 @@ from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
 from kvstack.integrations.vllm.load_cost import LoadSample
-from kvstack.integrations.vllm.loads import BATCH_CHUNKS, AsyncLoader, FinishedLoads
+from kvstack.integrations.vllm.loads import (
+    BATCH_CHUNKS,
+    AsyncLoader,
+    DeferredWrite,
+    FinishedLoads,
+)
 from kvstack.integrations.vllm.lookup import LookupServer, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.saves import MAX_STAGED_CHUNKS, SaveQueue
 from kvstack.integrations.vllm.scheduler import KVStackMetadata, KVStackWorkerMeta
 from kvstack.integrations.vllm.stats import TIER_COUNTERS, KVStackStats
 from kvstack.integrations.vllm.streams import make_stream
-from kvstack.integrations.vllm.sync_loads import SyncLoader
+from kvstack.integrations.vllm.sync_loads import StagedChunk, SyncLoader
 from kvstack.integrations.vllm.transfers import staging_chunks
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
 from kvstack.kv.config import KVConfig
@@ -102,6 +110,10 @@ class WorkerSide:
         # the event that lets them write; start_step sets it where prepare_step did not.
         self._prepared: tuple[set[str], threading.Event] | None = None
         self.writes_at_bind = False  # set in register: may a load write before the forward?
+        # Asynchronous loads fetched and reported finished, written in the next step (and
+        # those being written in this one, whose buffers go back at its end).
+        self._deferred: list[DeferredWrite] = []
+        self._writing: list[DeferredWrite] = []
         self.stats = KVStackStats()
         self.events = EventCollector(kv.chunk_size) if self.settings.kv_events else None
         if self.events is not None:
@@ -138,9 +150,7 @@ class WorkerSide:
         # vLLM does only for Mamba and mixed-precision caches. There an asynchronous load may
         # write as soon as it has fetched. On a GPU the previous step may still be running, so
         # writes wait for start_load_kv, ordered after the step's launch as vLLM orders them.
-        self.writes_at_bind = _on_cpu_build() and not getattr(
-            kv_cache_config, "needs_kv_cache_zeroing", True
-        )
+        self.writes_at_bind = _writes_before_forward(kv_cache_config)
         # Host staging, in chunks of this model: staging_mib for saves and as much for the
         # synchronous loads' buffers kept between steps; each load thread two sets of chunks
         # in an eighth of it.
@@ -148,6 +158,11 @@ class WorkerSide:
         save_chunks = staging_chunks(self.shape, staging, MAX_STAGED_CHUNKS)
         kept_chunks = staging_chunks(self.shape, staging, sys.maxsize)
         fetch_chunks = staging_chunks(self.shape, staging // 16, BATCH_CHUNKS)
+        # Where a load may write before the forward (synchronous scheduling), it writes in the
+        # step after its fetch, beside the forward pass, while its chunks fit staging_mib more.
+        defer_chunks = staging_chunks(self.shape, staging, sys.maxsize)
+        if not self.writes_at_bind:
+            defer_chunks = 0
         # A load thread writes on a GPU side stream while it fetches the next chunks. On the
         # CPU build it writes inline: a background write thread there would share the one
         # spare core of a 2-core host with the load and tier threads, and the interference
@@ -157,7 +172,7 @@ class WorkerSide:
                 self.cache, self.shape, self.rank, lambda: paged,
                 make_stream(device, False, "kvstack-load", follow_compute=False),
                 self.settings.load_threads, self.settings.load_timeout_s,
-                fetch_chunks,
+                fetch_chunks, defer_chunks,
             )  # fmt: skip
             self.sync_loader = SyncLoader(
                 self.cache, self.shape, self.rank,
@@ -173,13 +188,13 @@ class WorkerSide:
         log.info(
             "kvstack connector: %d layers, %d blocks of %d tokens, %d-byte pages, tiers %s, "
             "copy-out %s, layer pipelining %s, asynchronous loads write %s; staging at most %d "
-            "chunks for saves, %d kept for loads, %d a fetch",
+            "chunks for saves, %d kept for loads, %d a fetch, %d fetched for the next step",
             self.layout.num_layers, paged.num_blocks, self.layout.block_size,
             self.layout.page_bytes, [t.name for t in self.cache.tiers],
             "in the background" if modes.copy_out_background else "on the step",
             "on" if modes.layer_pipelining else "off",
-            "as they fetch" if self.writes_at_bind else "from start_load_kv",
-            save_chunks, kept_chunks, fetch_chunks,
+            "in the step after their fetch" if self.writes_at_bind else "from start_load_kv",
+            save_chunks, kept_chunks, fetch_chunks, defer_chunks,
         )  # fmt: skip
 
     def _remember_tokens(self, key: ChunkKey, chunk: ChunkIO, lora_name: str | None) -> None:
@@ -192,14 +207,18 @@ class WorkerSide:
             self.saves.wait_copies(meta.preempted)
 
     def prepare_step(self, meta: KVStackMetadata) -> None:
-        """The step's metadata, before its forward pass: start its asynchronous loads now, a
-        step earlier than ``start_load_kv`` on the CPU build (:mod:`.loads`)."""
-        if self.paged is None or not meta.async_loads:
+        """The step's metadata, before its forward pass: write the chunks of loads reported
+        finished last step (before any attention reads them, :mod:`.loads`), and start the
+        step's asynchronous loads now, a step earlier than ``start_load_kv`` on the CPU build."""
+        if self.paged is None:
+            return
+        writing = self._write_deferred(meta)
+        if not meta.async_loads:
             return
         self.handle_preemptions(meta)  # a preempted request's copy-out before its blocks go
         go = threading.Event()
-        if self.writes_at_bind:
-            go.set()
+        if self.writes_at_bind and not writing:
+            go.set()  # else at start_step, once the deferred writes are done
         for request in meta.async_loads:
             self.loader.submit(request, go)
         self._prepared = ({r.req_id for r in meta.async_loads}, go)
@@ -212,6 +231,10 @@ class WorkerSide:
         self.handle_preemptions(meta)
         started, go = self._prepared or (set(), None)
         self._prepared = None
+        if self._writing and go is not None:
+            # A load starting now may have been given blocks a finished, then aborted, request
+            # left: it writes only after this step's deferred writes.
+            self.sync_loader.finish()
         for request in meta.async_loads:
             if request.req_id not in started:
                 self.loader.submit(request)
@@ -227,6 +250,34 @@ class WorkerSide:
             for req_id in result.failed_req_ids:
                 log.warning("kvstack: chunks of request %s did not load; vLLM recomputes them",
                             req_id)  # fmt: skip
+
+    def _write_deferred(self, meta: KVStackMetadata) -> bool:
+        """Start writing the chunks of the loads reported finished at the end of the last
+        step: the scheduler may run their requests in this step, or another request that
+        hits their blocks in vLLM's prefix cache. False when there are none."""
+        deferred, self._deferred = self._deferred, []
+        if not deferred or self.paged is None:
+            return False
+        self.handle_preemptions(meta)
+        paged = self.paged
+        staged = [
+            StagedChunk(
+                paged.block_index(c.block_ids),
+                buf[:, c.first_block : c.first_block + len(c.block_ids)],
+            )
+            for write in deferred
+            for c, buf in zip(write.chunks, write.staged, strict=True)
+        ]
+        self._writing += deferred
+        self.stats.add("deferred_write_chunks", len(staged))
+        self.sync_loader.write(paged, staged)
+        return True
+
+    def _end_deferred(self) -> None:
+        """After ``sync_loader.finish``: the deferred writes are done; their buffers go back."""
+        writing, self._writing = self._writing, []
+        for write in writing:
+            write.release()
 
     def wait_for_layer(self, layer_name: str) -> None:
         if self.paged is not None and self.modes.layer_pipelining:
@@ -247,6 +298,7 @@ class WorkerSide:
         if self.paged is None:
             return
         self.sync_loader.finish()
+        self._end_deferred()
         if meta.saves:
             start = time.perf_counter()
             self.saves.end(self.paged, meta.step, meta.saves)
@@ -261,6 +313,7 @@ class WorkerSide:
         if self.paged is None:
             return None, None
         loads = self.loader.take_finished()
+        self._deferred += loads.deferred
         self._count_async(loads)
         sending = {req_id for req_id in self.held if not self.saves.copy_pending(req_id)}
         self.held -= sending
@@ -341,6 +394,7 @@ class WorkerSide:
         if self.paged is not None:
             self.loader.close()
             self.sync_loader.finish()
+            self._end_deferred()
             landed = self.saves.flush(budget)
             self.saves.close()
         remaining = max(0.0, budget - (time.monotonic() - start))
@@ -390,6 +444,12 @@ def _memory_tier(cache: KVCache) -> Tier | None:
 
     first = cache.tiers[0]
     return first if isinstance(first, CPUTier) else None
+
+
+def _writes_before_forward(kv_cache_config: KVCacheConfig) -> bool:
+    """Whether a load may write into the paged blocks as soon as a step's metadata arrives
+    (see :meth:`WorkerSide.register`)."""
+    return _on_cpu_build() and not getattr(kv_cache_config, "needs_kv_cache_zeroing", True)
 
 
 def _on_cpu_build() -> bool:
