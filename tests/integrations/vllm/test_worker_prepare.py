@@ -24,16 +24,27 @@ from tests.integrations.vllm.paged import CHUNK, CountingCache, allocation, chun
 KEYS = [ChunkKey(bytes([i + 1]) * 16) for i in range(2)]
 
 
-@pytest.fixture
-def side(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WorkerSide, torch.Tensor]]:
+def make_worker(
+    monkeypatch: pytest.MonkeyPatch, pipelining: bool = False, cpu_build: bool = False
+) -> tuple[WorkerSide, torch.Tensor]:
+    """A registered worker holding KEYS' two chunks. ``cpu_build``: as on vLLM's CPU build,
+    loads may write at the metadata, so they write in the step after their fetch."""
     monkeypatch.setattr(worker_module, "_on_cpu_build", lambda: False)  # keep this affinity
+    monkeypatch.setattr(worker_module, "_writes_before_forward", lambda config: cpu_build)
     kv = KVConfig(model="prepare-test", chunk_size=CHUNK, tiers=["cpu://?size=4MiB"])
-    modes = TransferModes(copy_out_background=False, layer_pipelining=False)
+    modes = TransferModes(copy_out_background=False, layer_pipelining=pipelining)
     engine = f"prepare-{os.getpid()}-{time.time_ns()}"
     worker = WorkerSide(kv, layout(), engine, ConnectorSettings(), modes, True)
     config, caches, memory = allocation()
     worker.register(config, caches)
+    assert worker.writes_at_bind == cpu_build
     assert worker.cache.put_chunks(KEYS, [chunk_of(1), chunk_of(2)]) == 2
+    return worker, memory
+
+
+@pytest.fixture
+def side(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WorkerSide, torch.Tensor]]:
+    worker, memory = make_worker(monkeypatch)
     yield worker, memory
     worker.close()
 
@@ -81,28 +92,11 @@ def test_where_writes_are_safe_at_the_metadata_a_load_needs_no_start(
     assert torch.equal(memory[:, [5, 9]], chunk_of(1))
 
 
-def cpu_worker(
-    monkeypatch: pytest.MonkeyPatch, pipelining: bool
-) -> tuple[WorkerSide, torch.Tensor]:
-    """A worker as on vLLM's CPU build: loads may write at the metadata, so they defer."""
-    monkeypatch.setattr(worker_module, "_on_cpu_build", lambda: False)  # keep this affinity
-    monkeypatch.setattr(worker_module, "_writes_before_forward", lambda config: True)
-    kv = KVConfig(model="prepare-test", chunk_size=CHUNK, tiers=["cpu://?size=4MiB"])
-    modes = TransferModes(copy_out_background=False, layer_pipelining=pipelining)
-    engine = f"prepare-{os.getpid()}-{time.time_ns()}"
-    worker = WorkerSide(kv, layout(), engine, ConnectorSettings(), modes, True)
-    config, caches, memory = allocation()
-    worker.register(config, caches)
-    assert worker.writes_at_bind
-    assert worker.cache.put_chunks(KEYS, [chunk_of(1), chunk_of(2)]) == 2
-    return worker, memory
-
-
 @pytest.mark.parametrize("pipelining", [False, True])
 def test_a_finished_load_is_written_by_the_next_step_before_its_layers_run(
     monkeypatch: pytest.MonkeyPatch, pipelining: bool
 ) -> None:
-    worker, memory = cpu_worker(monkeypatch, pipelining)
+    worker, memory = make_worker(monkeypatch, pipelining, cpu_build=True)
     try:
         worker.prepare_step(metadata(1))
         worker.start_step(metadata(1))  # after the forward: step 1 has no synchronous loads
@@ -130,7 +124,7 @@ def test_a_load_started_beside_deferred_writes_writes_after_them(
     """A load started in the step that writes a finished load's chunks may have been given
     the same blocks (the finished request was aborted and its blocks freed): the later load's
     pages are the ones left."""
-    worker, memory = cpu_worker(monkeypatch, pipelining=True)
+    worker, memory = make_worker(monkeypatch, pipelining=True, cpu_build=True)
     try:
         worker.prepare_step(metadata(1))
         worker.start_step(metadata(1))
