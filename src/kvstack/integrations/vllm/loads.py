@@ -50,6 +50,7 @@ from kvstack.integrations.plan import ChunkIO, RequestIO
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import Completion, CopyStream
+from kvstack.integrations.vllm.sync_loads import staged_chunk
 from kvstack.integrations.vllm.transfers import scatter_chunks
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
@@ -108,12 +109,8 @@ class _Job:
 def write_chunks(paged: PagedKV, chunks: list[ChunkIO], staged: list[torch.Tensor]) -> None:
     """Write the blocks ``chunks`` load from their staged pages (``[layers, per_chunk, page]``
     each): on GPUs one transfer per chunk and one write per layer (:mod:`.transfers`)."""
-    indexes = [paged.block_index(c.block_ids) for c in chunks]
-    pages = [
-        buf[:, c.first_block : c.first_block + len(c.block_ids)]
-        for c, buf in zip(chunks, staged, strict=True)
-    ]
-    scatter_chunks(paged, indexes, pages)
+    items = [staged_chunk(paged, c, buf) for c, buf in zip(chunks, staged, strict=True)]
+    scatter_chunks(paged, [s.index for s in items], [s.pages for s in items])
 
 
 class AsyncLoader:

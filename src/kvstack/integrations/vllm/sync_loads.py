@@ -45,6 +45,7 @@ __all__ = [
     "StagedChunk",
     "SyncLoadResult",
     "SyncLoader",
+    "staged_chunk",
     "submit_layer_writes",
 ]
 
@@ -64,6 +65,12 @@ class SyncLoadResult:
 class StagedChunk:
     index: torch.Tensor  # block ids on the KV's device
     pages: torch.Tensor  # [layers, len(index), page] in a staging buffer
+
+
+def staged_chunk(paged: PagedKV, chunk: ChunkIO, buffer: torch.Tensor) -> StagedChunk:
+    """``chunk``'s block ids and its pages in ``buffer`` (``[layers, per_chunk, page]``)."""
+    end = chunk.first_block + len(chunk.block_ids)
+    return StagedChunk(paged.block_index(chunk.block_ids), buffer[:, chunk.first_block : end])
 
 
 class SyncLoader:
@@ -127,13 +134,7 @@ class SyncLoader:
             result.failed_blocks.update(b for c in failed for b in c.block_ids)
             result.failed_chunks += len(failed)
             result.failed_req_ids.append(request.req_id)
-        return [
-            StagedChunk(
-                paged.block_index(c.block_ids),
-                buf[:, c.first_block : c.first_block + len(c.block_ids)],
-            )
-            for c, buf in zip(ok, buffers, strict=False)
-        ]
+        return [staged_chunk(paged, c, buf) for c, buf in zip(ok, buffers, strict=False)]
 
     def wait_for_layer(self, layer: int) -> None:
         if layer < len(self._layers):

@@ -49,7 +49,7 @@ from kvstack.integrations.vllm.saves import MAX_STAGED_CHUNKS, SaveQueue
 from kvstack.integrations.vllm.scheduler import KVStackMetadata, KVStackWorkerMeta
 from kvstack.integrations.vllm.stats import TIER_COUNTERS, KVStackStats
 from kvstack.integrations.vllm.streams import make_stream
-from kvstack.integrations.vllm.sync_loads import StagedChunk, SyncLoader
+from kvstack.integrations.vllm.sync_loads import SyncLoader, staged_chunk
 from kvstack.integrations.vllm.transfers import staging_chunks
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
 from kvstack.kv.config import KVConfig
@@ -210,12 +210,12 @@ class WorkerSide:
         """The step's metadata, before its forward pass: write the chunks of loads reported
         finished last step (before any attention reads them, :mod:`.loads`), and start the
         step's asynchronous loads now, a step earlier than ``start_load_kv`` on the CPU build."""
-        if self.paged is None:
-            return
-        writing = self._write_deferred(meta)
-        if not meta.async_loads:
+        if self.paged is None or not (self._deferred or meta.async_loads):
             return
         self.handle_preemptions(meta)  # a preempted request's copy-out before its blocks go
+        writing = self._write_deferred()
+        if not meta.async_loads:
+            return
         go = threading.Event()
         if self.writes_at_bind and not writing:
             go.set()  # else at start_step, once the deferred writes are done
@@ -251,20 +251,16 @@ class WorkerSide:
                 log.warning("kvstack: chunks of request %s did not load; vLLM recomputes them",
                             req_id)  # fmt: skip
 
-    def _write_deferred(self, meta: KVStackMetadata) -> bool:
+    def _write_deferred(self) -> bool:
         """Start writing the chunks of the loads reported finished at the end of the last
         step: the scheduler may run their requests in this step, or another request that
         hits their blocks in vLLM's prefix cache. False when there are none."""
         deferred, self._deferred = self._deferred, []
         if not deferred or self.paged is None:
             return False
-        self.handle_preemptions(meta)
         paged = self.paged
         staged = [
-            StagedChunk(
-                paged.block_index(c.block_ids),
-                buf[:, c.first_block : c.first_block + len(c.block_ids)],
-            )
+            staged_chunk(paged, c, buf)
             for write in deferred
             for c, buf in zip(write.chunks, write.staged, strict=True)
         ]
