@@ -43,6 +43,7 @@ DEFERRED = "kvstack_connector_deferred_write_chunks_total"
 LOADED = "kvstack_connector_load_tokens_total"
 FAILED = "kvstack_connector_load_failed_chunks_total"
 HITS = "kvstack_connector_hit_tokens_total"
+STEP_LOADS = "kvstack_connector_load_seconds_count"  # steps that waited for loads within them
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -61,7 +62,9 @@ def file_engine(model: Path, workdir: Path, name: str) -> VLLMServer:
     return launch_engine(
         model, workdir, name, max_model_len=4096,
         # async, not auto: auto would move these cheap local loads into the step once measured
-        kv_transfer_config=connector_config(tiers, chunk_size=CHUNK, load_mode="async"),
+        kv_transfer_config=connector_config(
+            tiers, chunk_size=CHUNK, load_mode="async", request_load_mode=True
+        ),
         env={"VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
 
@@ -151,6 +154,21 @@ def test_an_async_load_computes_exactly_what_vllms_own_hit_computes(
         for victim in mine:
             tier.remove(_key(victim))
         tier.close()
+
+
+def test_a_request_may_ask_for_its_load_within_the_step(
+    engine_a: VLLMServer, workdir: Path
+) -> None:
+    """The engine loads asynchronously, but allows requests their own mode: a request asking
+    ``sync`` is loaded within its step, and computes the same as vLLM's own hit."""
+    tokens = prompt(5 * CHUNK + 100, seed=3)
+    reference = computed_twice(engine_a, tokens, workdir)
+    loads, in_step = metric_total(engine_a, ASYNC_LOADS), metric_total(engine_a, STEP_LOADS)
+    reset_prefix_cache(engine_a)
+    sync = {"kv_transfer_params": {"kvstack": {"load_mode": "sync"}}}
+    assert generate(engine_a, tokens, **sync) == reference
+    assert wait_metric(engine_a, STEP_LOADS, in_step + 1) >= in_step + 1
+    assert metric_total(engine_a, ASYNC_LOADS) == loads
 
 
 def _key(path: Path) -> ChunkKey:

@@ -69,6 +69,13 @@ class ConnectorSettings(Section):
         "asynchronously (the request waits while the others keep stepping); async / sync: "
         "always",
     )
+    request_load_mode: bool = Field(
+        default=False,
+        description='honour a request\'s own load mode, `kv_transfer_params: {"kvstack": '
+        '{"load_mode": "sync" | "async" | "auto"}}`, over load_mode (benchmarks pairing the '
+        "modes on one engine, trusted clients); off: such a field is ignored, since a client "
+        "that may set it can make its loads stall every request stepping beside them",
+    )
     load_timeout_s: float = Field(
         default=30.0,
         gt=0,

@@ -336,3 +336,39 @@ def test_an_oversized_lookup_is_dropped_before_it_is_read(store: tuple[Store, st
     client = LookupClient([lookup_endpoint(engine, 0)], timeout_s=5.0)
     assert client.poll(client.start([[b"a", b"b", b"c"]]), wait_s=5.0) == PrefixAnswer(2, 0)
     client.close()
+
+
+def _asking(req_id: str, params: Any) -> Any:
+    r = request(req_id, list(range(30)))
+    r.kv_transfer_params = params
+    return r
+
+
+def test_a_request_sets_its_own_load_mode_where_the_engine_allows_it(
+    store: tuple[Store, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    answers, engine = store
+    answers.stored, answers.in_memory = 3, 0  # on disk only: async by the engine's mode
+    s = side(engine, load_mode="async", request_load_mode=True)
+    asks = {
+        "sync": {"kvstack": {"load_mode": "sync"}},
+        "async": {"kvstack": {"load_mode": "async"}},
+        "none": None,
+        "other": {"do_remote_prefill": True},
+        "bad": {"kvstack": {"load_mode": "fast"}},
+    }
+    got = {}
+    for name, params in asks.items():
+        r = _asking(name, params)
+        s.on_new_request(r)
+        got[name] = matched(s, r)[1]
+    assert got == {"sync": False, "async": True, "none": True, "other": True, "bad": True}
+    assert "load_mode='fast' is not one of auto, async, sync" in caplog.text
+    s.request_finished(_asking("sync", None))
+    assert "sync" not in s.load_modes
+    s.close()
+    closed = side(engine, load_mode="async")  # the default: a request's own mode is ignored
+    r = _asking("sync", asks["sync"])
+    closed.on_new_request(r)
+    assert matched(closed, r) == (24, True)
+    closed.close()

@@ -14,6 +14,7 @@ Call order (vLLM's scheduler)::
 A load is asynchronous (``load_async``) unless every chunk it needs is in the in-memory tier:
 the request then waits in vLLM's ``WAITING_FOR_REMOTE_KVS`` while the others keep stepping,
 and the worker reports the finished receive (and any failed blocks) through ``get_finished``.
+``load_mode`` sets that choice per engine; with ``request_load_mode`` a request may set its own.
 A preempted request resumes through the same lookup, now over its prompt and generated tokens.
 """
 
@@ -46,6 +47,26 @@ __all__ = ["KVStackMetadata", "KVStackWorkerMeta", "SchedulerSide", "namespace_d
 
 log = logging.getLogger(__name__)
 LOOKUP_REUSE_S = 1.0  # a waiting request re-asks at most this often
+LOAD_MODES = ("auto", "async", "sync")
+_warned_modes: set[str] = set()  # bad per-request load modes already logged (bounded below)
+
+
+def requested_load_mode(params: object) -> str | None:
+    """A request's own load mode, ``kv_transfer_params: {"kvstack": {"load_mode": M}}``; None
+    where it asks none. A value that is not one of :data:`LOAD_MODES` is ignored (the engine
+    cannot answer the request with an error from here), logged once per value."""
+    ours = params.get("kvstack") if isinstance(params, dict) else None
+    mode = ours.get("load_mode") if isinstance(ours, dict) else None
+    if mode is None or mode in LOAD_MODES:
+        return mode
+    shown = repr(mode)[:40]
+    if shown not in _warned_modes and len(_warned_modes) < 64:
+        _warned_modes.add(shown)
+        log.warning(
+            "kv_transfer_params.kvstack.load_mode=%s is not one of %s: ignored",
+            shown, ", ".join(LOAD_MODES),
+        )  # fmt: skip
+    return None
 
 
 @dataclass
@@ -133,6 +154,7 @@ class SchedulerSide:
         self.cost = LoadCost()  # load_mode=auto's measurements
         self.slow_loads: set[str] = set()  # requests loading from slower tiers, to be timed
         self.stepping = 0  # requests in the latest step with work
+        self.load_modes: dict[str, str] = {}  # requests' own load modes (request_load_mode)
 
     # -- request lifecycle -----------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
@@ -145,6 +167,10 @@ class SchedulerSide:
             request.request_id, request.all_token_ids, request.num_prompt_tokens, seeds,
             self.kv.chunk_size, self.block_size, adapter or None, self.settings.save_generated,
         )  # fmt: skip
+        if self.settings.request_load_mode:
+            mode = requested_load_mode(getattr(request, "kv_transfer_params", None))
+            if mode is not None:
+                self.load_modes[request.request_id] = mode
 
     def request_finished(self, request: Request) -> bool:
         """Forget the request; True when its blocks must wait for a running copy-out."""
@@ -153,6 +179,7 @@ class SchedulerSide:
         self._forget_lookup(req_id)
         self.planned.pop(req_id, None)
         self.slow_loads.discard(req_id)
+        self.load_modes.pop(req_id, None)
         if req_id in self.starting:  # aborted before its load started: start nothing
             self.starting[req_id] = RequestIO(req_id, [])
         last_save = self.last_save_step.pop(req_id, 0)
@@ -194,7 +221,7 @@ class SchedulerSide:
     def _asynchronous(
         self, req_id: str, answer: PrefixAnswer, hit_tokens: int, num_computed: int
     ) -> bool:
-        mode = self.settings.load_mode
+        mode = self.load_modes.get(req_id, self.settings.load_mode)
         if mode != "auto":
             return mode == "async"
         needed = -(-hit_tokens // self.kv.chunk_size)
