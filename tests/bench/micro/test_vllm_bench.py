@@ -225,3 +225,15 @@ def test_the_load_breakdown_is_the_mean_of_each_timing_and_none_without_loads() 
     breakdown = _load_breakdown(text)
     assert breakdown == {"step_s_mean": None, "fetch_s_mean": pytest.approx(0.3),
                          "reported_s_mean": pytest.approx(0.4)}  # fmt: skip
+
+
+def test_a_work_dir_that_does_not_exist_yet_is_created(tmp_path: Path) -> None:
+    """The engines' logs and redis-server's ``--dir`` go in it before anything else would."""
+    import argparse
+
+    asked = tmp_path / "runs" / "interference"
+    assert vllm._work_dir(argparse.Namespace(work_dir=str(asked))) == asked
+    assert asked.is_dir()
+    fresh = vllm._work_dir(argparse.Namespace(work_dir=None))
+    assert fresh.is_dir() and fresh != asked
+    fresh.rmdir()

@@ -54,7 +54,7 @@ PAIRED_ROUNDS, PAIRED_ROUNDS_QUICK = 40, 6
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.work = Path(args.work_dir or tempfile.mkdtemp(prefix="kvstack-bench-vllm-"))
+        self.work = _work_dir(args)
         self.model = build_toy_model(spec=TINY if args.quick else SMALL)
         self.prompts = PromptFactory(seed=args.seed)
         self.results: dict[str, Any] = {
@@ -290,6 +290,16 @@ def run(argv: list[str]) -> int:
 TOKEN_COUNTING_SCENARIOS = ("preemption", "multi-turn")
 
 
+def _work_dir(args: argparse.Namespace) -> Path:
+    """``--work-dir``, created if missing (the engines' logs and the tiers' files go in it at
+    once), or a fresh temporary directory."""
+    if not args.work_dir:
+        return Path(tempfile.mkdtemp(prefix="kvstack-bench-vllm-"))
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
 def _default_reps(args: argparse.Namespace) -> int:
     if args.scenario in ("overhead", "pipelining"):
         return PAIRED_ROUNDS_QUICK if args.quick else PAIRED_ROUNDS
@@ -297,7 +307,7 @@ def _default_reps(args: argparse.Namespace) -> int:
 
 
 def _scenario(args: argparse.Namespace, argv: list[str], started: float) -> int:
-    work = Path(args.work_dir or tempfile.mkdtemp(prefix="kvstack-bench-vllm-"))
+    work = _work_dir(args)
     # Preemption and multi-turn count tokens (recomputed; served from the tiers), not seconds:
     # the tiny model shows them in minutes, at the full prompt sizes.
     small = not args.quick and args.scenario not in TOKEN_COUNTING_SCENARIOS
