@@ -227,6 +227,53 @@ def test_the_load_breakdown_is_the_mean_of_each_timing_and_none_without_loads() 
                          "reported_s_mean": pytest.approx(0.4)}  # fmt: skip
 
 
+def _finished(count: int, queue_s: float, prefill_s: float) -> str:
+    """A scrape holding vLLM's per-request queue and prefill time histograms."""
+    lines = []
+    for name, total in (("queue", queue_s), ("prefill", prefill_s)):
+        metric = f"vllm:request_{name}_time_seconds"
+        lines += [f"# TYPE {metric} histogram", f'{metric}_count{{engine="0"}} {count}',
+                  f'{metric}_sum{{engine="0"}} {total}']  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def test_the_engine_ttft_is_the_one_finished_requests_queue_and_prefill_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The frontend counts a finished request a moment after its stream ends: the scrape is
+    retried until it does; where two requests finished (a decode ended too) there is none."""
+    from kvstack.bench.micro import vllm_interference as interference
+
+    before = _finished(3, 1.0, 2.0)
+    scrapes = iter([before, before, _finished(4, 1.25, 2.5)])
+    monkeypatch.setattr(interference, "scrape", lambda engine: next(scrapes))
+    monkeypatch.setattr(interference, "POLL_S", 0.0)
+    after, ttft = interference._engine_ttft(None, before)  # type: ignore[arg-type]
+    assert ttft == pytest.approx(0.75) and after == _finished(4, 1.25, 2.5)
+
+    monkeypatch.setattr(interference, "scrape", lambda engine: _finished(5, 2.0, 3.0))
+    assert interference._engine_ttft(None, before)[1] is None  # type: ignore[arg-type]
+
+    monkeypatch.setattr(interference, "scrape", lambda engine: before)
+    monkeypatch.setattr(interference, "FINISHED_WAIT_S", 0.05)
+    assert interference._engine_ttft(None, before)[1] is None  # type: ignore[arg-type]
+
+
+def test_paired_ratios_divide_each_async_round_by_the_sync_round_of_its_pair() -> None:
+    from kvstack.bench.micro.vllm_interference import _paired_ratios
+
+    sync = [{"ttft_s": 1.0, "engine_ttft_s": 0.1}, {"ttft_s": 9.0, "engine_ttft_s": 0.2},
+            {"ttft_s": 2.0, "engine_ttft_s": None}]  # fmt: skip
+    asynchronous = [{"ttft_s": 2.0, "engine_ttft_s": 0.12}, {"ttft_s": 3.0, "engine_ttft_s": 0.2},
+                    {"ttft_s": 2.0, "engine_ttft_s": 0.3}]  # fmt: skip
+    ratios = _paired_ratios(asynchronous, sync)
+    assert ratios["ttft_vs_sync"] == {"median": 1.0, "min": pytest.approx(1 / 3), "max": 2.0,
+                                      "n": 3}  # fmt: skip
+    engine = ratios["engine_ttft_vs_sync"]  # the third pair has no engine timing of its sync
+    assert engine["n"] == 2 and engine["min"] == 1.0 and engine["max"] == pytest.approx(1.2)
+    assert "engine_ttft_vs_sync" not in _paired_ratios(asynchronous[2:], sync[2:])
+
+
 def test_a_work_dir_that_does_not_exist_yet_is_created(tmp_path: Path) -> None:
     """The engines' logs and redis-server's ``--dir`` go in it before anything else would."""
     import argparse

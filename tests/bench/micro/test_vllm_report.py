@@ -174,6 +174,26 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert "| 8 (7–9) |" in row  # engine steps while the loader waited, from the decodes' tokens
     assert "ITL p99 ≤ 1.25× before: **missed**" in row  # the bar, on the whole window as written
     assert "ITL p99 during 1.00× vLLM's own hit's" in row
+    assert "TTFT 0.66× sync's, ≤ 1.1×" in row  # arms on their own engines: medians compared
+    assert "Each arm ran on its own engine" in text
+
+    # sync and async sharing one engine: the ratio of each pair of rounds, and its spread
+    res["file/async"]["ttft_vs_sync"] = {"median": 1.08, "min": 0.9, "max": 1.3, "n": 3}
+    _save(tmp_path / "paired", "vllm-interference-2026-12-03.json", res,
+          ["--scenario", "interference"])  # fmt: skip
+    text = render_scenarios(tmp_path / "paired")
+    row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
+    assert "TTFT 1.08× sync's, pair by pair (0.90×–1.30×), ≤ 1.1×" in row
+    assert "share one engine, their rounds alternating" in text
+
+    # and where the engine timed each loader: its ratios set the target, the client's beside
+    res["file/async"]["engine_ttft_vs_sync"] = {"median": 1.2, "min": 1.0, "max": 1.5, "n": 3}
+    _save(tmp_path / "engine", "vllm-interference-2026-12-03.json", res,
+          ["--scenario", "interference"])  # fmt: skip
+    text = render_scenarios(tmp_path / "engine")
+    row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
+    assert ("TTFT 1.20× sync's as the engine timed it, pair by pair (1.00×–1.50×; the "
+            "client's 1.08×), ≤ 1.1×: **missed**") in row  # fmt: skip
 
 
 def test_settle_waits_while_the_machine_is_busy_and_not_after() -> None:

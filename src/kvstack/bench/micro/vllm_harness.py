@@ -127,9 +127,12 @@ def completion(server: VLLMServer, prompt: Sequence[int], max_tokens: int) -> li
     return ids
 
 
-def stream_ttft(server: VLLMServer, prompt: Sequence[int], max_tokens: int = 2) -> float:
-    """Seconds from sending a streamed completion to its first token (read to the end)."""
-    body = {**_body(server, prompt, max_tokens), "stream": True}
+def stream_ttft(
+    server: VLLMServer, prompt: Sequence[int], max_tokens: int = 2, **extra: Any
+) -> float:
+    """Seconds from sending a streamed completion to its first token (read to the end);
+    ``extra``: more fields of the request body."""
+    body = {**_body(server, prompt, max_tokens), "stream": True, **extra}
     start = time.perf_counter()
     first = None
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=900) as r:

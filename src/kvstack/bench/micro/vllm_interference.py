@@ -3,22 +3,29 @@ running beside it.
 
 N requests decode, streamed. One request at a time then arrives whose long prefix
 (``--prompt-tokens``, 8K by default) is stored only in a slow tier: the file tier with its chunk
-files dropped from the page cache before every load, or Redis. Arms, all in one run, each its
-own engine, the same prefixes and decodes:
+files dropped from the page cache before every load, or Redis. Arms, all in one run, the same
+prefixes and decodes:
 
-- ``recompute``: plain vLLM computes the prefix;
+- ``recompute``: plain vLLM computes the prefix (this arm and the next, each its own engine);
 - ``vllm-hit``: plain vLLM with the prefix in its own prefix cache (computed before the rounds):
   what any hit costs the batch, kvstack's or not, since the hit request's own first step (its
   suffix, attending to the whole prefix) runs among the decodes;
-- ``<tier>/sync``: the connector with ``load_mode=sync`` (the load inside the engine step);
-- ``<tier>/async``: the connector with ``load_mode=async`` (the request waits, the batch does
-  not);
+- ``<tier>/sync``: the connector loading within the engine step;
+- ``<tier>/async``: the connector loading asynchronously (the request waits, the batch does
+  not). These two share one engine (``load_mode=async``, ``request_load_mode``: a sync round's
+  loader asks ``kv_transfer_params: {"kvstack": {"load_mode": "sync"}}``), their rounds
+  alternating and the order flipped every pair, each round its own prefix: the loader's TTFT
+  is compared pair by pair (``ttft_vs_sync``, ``engine_ttft_vs_sync``), so that the machine
+  drifting over the minutes between two engines does not read as a difference between the
+  modes;
 - ``<tier>/auto``: the default, ``load_mode=auto``, which picks one of the two by measured cost
   (:mod:`kvstack.integrations.vllm.load_cost`);
 - ``no loads``: on every engine, the same decodes in the seconds just before each load.
 
-Per round (one load): the loader's TTFT, and the decodes' inter-token latencies while it was in
-flight (send to its token) and in the ``--quiet-s`` seconds before. Where the load is
+Every engine first runs one unmeasured round per load mode it serves (:data:`WARM_MODES`).
+Per round (one load): the loader's TTFT, as the client saw it and as the engine timed it
+(:data:`ENGINE_TTFT`), and the decodes' inter-token latencies while it was in flight (send to
+its token) and in the ``--quiet-s`` seconds before. Where the load is
 asynchronous, also while it is in flight: from the send to the scrape of ``/metrics`` (every
 :data:`POLL_S`, in the quiet window too) that first counts it finished, before the request's
 own first step, which takes longer than a poll. The latencies are the
@@ -70,7 +77,21 @@ POLL_S = 0.05  # scrape interval while a load runs (and in the quiet window befo
 LOADS_DONE = "kvstack_connector_async_load_seconds_count"  # asynchronous loads finished
 T = TypeVar("T")
 CHUNK_TOKENS = 256
+HIT_TOKENS = "kvstack_connector_hit_tokens_total"
+SYNC_MODE = {"kv_transfer_params": {"kvstack": {"load_mode": "sync"}}}  # a paired sync round's
 STORE_TIMEOUT_S = 120.0
+# The loader's TTFT as the engine core timed it: queued (the engine core took the request) to
+# scheduled, plus scheduled to the step that made its first token. vLLM observes both when a
+# request finishes, and in a round only the loader does. On a 2-core host vLLM's API server
+# was seen to stall for seconds while 4 decodes streamed (a plain-vLLM /health taking up to
+# 37 s), in every arm alike: the client's TTFT holds those stalls, the engine's does not.
+ENGINE_TTFT = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
+FINISHED_WAIT_S = 5.0  # for the frontend to count the finished loader after its stream ended
+# Each engine's first rounds run before the measured ones and are dropped, one per load mode it
+# serves: a fresh engine's first seconds of decodes and loads run several times slower than
+# the rest on a small CPU host (a first round's decodes took 9 s to reach their 8th token), and
+# that landed on whichever mode happened to go first.
+WARM_MODES: tuple[dict[str, Any] | None, ...] = (SYNC_MODE, None)  # None: the engine's own
 
 
 def interference(
@@ -82,6 +103,8 @@ def interference(
     drop_page_cache: Callable[[Path], int],
 ) -> dict[str, Any]:
     prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
+    paired = [prompts(prefix_tokens) for _ in range(rounds)]  # the async rounds beside sync's
+    warm = [prompts(prefix_tokens) for _ in WARM_MODES]  # every engine's unmeasured rounds
     decodes = [prompts(DECODE_PROMPT_TOKENS) for _ in range(NUM_DECODES)]
     kv_dir = engines.work / "slow-kv"
     results: dict[str, Any] = {
@@ -91,41 +114,60 @@ def interference(
     }
     with _redis(engines.work) as redis_url:
         tiers = {"file": f"file://{kv_dir}?size=40GiB", "redis": redis_url}
-        _store(engines, prefixes, kv_dir, redis_url)
+        _store(engines, prefixes + paired + warm, kv_dir, redis_url)
         resident = drop_page_cache(kv_dir)
         results["page_cache_after_drop_bytes"] = resident
-        run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len)
+        run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len, warm)
         with engines.engine("recompute", None, itl_engine_args()) as e:
             results["recompute"] = run(e, lambda: None)
         with engines.engine("vllm-hit", None, itl_engine_args()) as e:
-            for prefix in prefixes:  # into vLLM's own prefix cache
+            for prefix in [*warm, *prefixes]:  # into vLLM's own prefix cache
                 completion(e, prefix, 1)
             results["vllm-hit"] = run(e, lambda: None)
         for tier, url in tiers.items():
-            for mode in ("sync", "async", "auto"):
-                config = connector_config([url], chunk_size=CHUNK_TOKENS, load_mode=mode)
-                label = f"{tier}/{mode}"
-                before: Callable[[], object] = (
-                    (lambda: drop_page_cache(kv_dir)) if tier == "file" else (lambda: None)
+            before: Callable[[], object] = (
+                (lambda: drop_page_cache(kv_dir)) if tier == "file" else (lambda: None)
+            )
+            config = connector_config(
+                [url], chunk_size=CHUNK_TOKENS, load_mode="async", request_load_mode=True
+            )
+            with engines.engine(f"{tier}-paired", config, itl_engine_args()) as e:
+                sync, asynchronous = run.paired(e, before, paired)
+                breakdown = _load_breakdown(scrape(e))
+            sync["load_breakdown"] = asynchronous["load_breakdown"] = breakdown
+            asynchronous |= _paired_ratios(asynchronous["rounds"], sync["rounds"])
+            results[f"{tier}/sync"], results[f"{tier}/async"] = sync, asynchronous
+            config = connector_config([url], chunk_size=CHUNK_TOKENS, load_mode="auto")
+            with engines.engine(f"{tier}-auto", config, itl_engine_args()) as e:
+                results[f"{tier}/auto"] = run(e, before)
+                results[f"{tier}/auto"]["cost_sync_loads"] = metric_value(
+                    e, "kvstack_connector_cost_sync_loads_total"
                 )
-                with engines.engine(label.replace("/", "-"), config, itl_engine_args()) as e:
-                    results[label] = run(e, before)
-                    results[label]["async_loads"] = metric_value(
-                        e, "kvstack_connector_async_loads_total"
-                    )
-                    results[label]["cost_sync_loads"] = metric_value(
-                        e, "kvstack_connector_cost_sync_loads_total"
-                    )
-                    results[label]["hit_tokens"] = metric_value(
-                        e, "kvstack_connector_hit_tokens_total"
-                    )
-                    results[label]["load_breakdown"] = _load_breakdown(scrape(e))
+                results[f"{tier}/auto"]["load_breakdown"] = _load_breakdown(scrape(e))
     return results
 
 
-# Where a load's time goes, means over the arm's loads (seconds): ``step`` the engine step
-# waiting for synchronous loads, ``fetch`` an asynchronous load's threads (fetch and write),
-# ``reported`` its start to the step that reports it to vLLM (fetch plus the wait for it).
+def _paired_ratios(
+    asynchronous: list[dict[str, Any]], sync: list[dict[str, Any]]
+) -> dict[str, dict[str, float]]:
+    """Each pair's async TTFT over its sync one, as the client saw it (``ttft_vs_sync``) and
+    as the engine timed it (``engine_ttft_vs_sync``, the pairs where both rounds have it)."""
+    pairs = list(zip(asynchronous, sync, strict=True))
+    engine = [
+        a["engine_ttft_s"] / b["engine_ttft_s"]
+        for a, b in pairs
+        if a.get("engine_ttft_s") and b.get("engine_ttft_s")
+    ]
+    out = {"ttft_vs_sync": spread([a["ttft_s"] / b["ttft_s"] for a, b in pairs]).as_dict()}
+    if engine:
+        out["engine_ttft_vs_sync"] = spread(engine).as_dict()
+    return out
+
+
+# Where a load's time goes, means over the engine's loads (seconds): ``step`` the engine step
+# waiting for synchronous loads, ``fetch`` an asynchronous load's threads (the fetch, and the
+# write unless the next step writes it), ``reported`` its start to the step that reports it to
+# vLLM (fetch plus the wait for it). The sync and async arms share an engine, and these.
 BREAKDOWN = {
     "step": "kvstack_connector_load_seconds",
     "fetch": "kvstack_connector_async_fetch_seconds",
@@ -190,43 +232,107 @@ class _Arm:
         prompts: PromptFactory,
         quiet_s: float,
         max_model_len: int,
+        warm: list[list[int]],
     ) -> None:
         self.prefixes, self.decodes = prefixes, decodes
         self.prompts, self.quiet_s = prompts, quiet_s
-        self.max_model_len = max_model_len
+        self.max_model_len, self.warm = max_model_len, warm
+
+    def _warm_up(self, engine: VLLMServer, before_load: Callable[[], object], paired: bool) -> None:
+        """The unmeasured rounds (:data:`WARM_MODES`), each its own stored prefix; an engine
+        that serves one mode runs only its own."""
+        stream_ttft(engine, self.prompts(64))
+        modes = WARM_MODES if paired else WARM_MODES[-1:]
+        for extra, prefix in zip(modes, self.warm[-len(modes) :], strict=True):
+            self._round(engine, before_load, prefix, extra, [])
 
     def __call__(self, engine: VLLMServer, before_load: Callable[[], object]) -> dict[str, Any]:
-        stream_ttft(engine, self.prompts(64))  # warm-up
-        rounds, errors = [], []
+        """Every prefix loaded in the engine's own load mode, one round each."""
+        self._warm_up(engine, before_load, paired=False)
+        rounds: list[dict[str, Any]] = []
+        errors: list[str] = []
+        for prefix in self.prefixes:
+            rounds.append(self._round(engine, before_load, prefix, None, errors))
+        return _summary(rounds, errors)
+
+    def paired(
+        self, engine: VLLMServer, before_load: Callable[[], object], second: list[list[int]]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(sync, async) on one engine that loads asynchronously and lets a request ask its
+        own mode: pair i loads ``prefixes[i]`` within the step and ``second[i]`` off it, the
+        order flipped every pair."""
+        self._warm_up(engine, before_load, paired=True)
+        arms: dict[str, tuple[list[dict[str, Any]], list[str]]] = {
+            "sync": ([], []),
+            "async": ([], []),
+        }
+        for i, (first, other) in enumerate(zip(self.prefixes, second, strict=True)):
+            pair = [("sync", first, SYNC_MODE), ("async", other, None)]
+            for mode, prefix, extra in pair if i % 2 == 0 else pair[::-1]:
+                rounds, errors = arms[mode]
+                rounds.append(self._round(engine, before_load, prefix, extra, errors))
+        return _summary(*arms["sync"]), _summary(*arms["async"])
+
+    def _round(
+        self,
+        engine: VLLMServer,
+        before_load: Callable[[], object],
+        prefix: list[int],
+        extra: dict[str, Any] | None,
+        errors: list[str],
+    ) -> dict[str, Any]:
         # Fresh decodes every round, as long as the model length allows: a fast engine runs a
         # decode's whole budget within seconds, and a round must never find them finished.
         budget = self.max_model_len - DECODE_PROMPT_TOKENS - 64
-        for prefix in self.prefixes:
-            with DecodeStreams(engine, self.decodes, max_tokens=budget) as streams:
-                streams.wait_running(8)
-                before_load()
-                quiet_from = itl_counts(engine)
-                _poll(engine, lambda: time.sleep(self.quiet_s))  # scraped as during the load
-                start = time.perf_counter()
-                text = scrape(engine)
-                load_from = itl_counts(text)
-                # One token: the loader adds no inter-token latency of its own to the window.
-                loader = functools.partial(
-                    stream_ttft, engine, prefix + self.prompts(SUFFIX_TOKENS), max_tokens=1
-                )
-                ttft, landed = _poll(engine, loader, _loads_done(text))
-                end = time.perf_counter()
-                load_to = itl_counts(engine)
-                rounds.append({
-                    "ttft_s": ttft,
-                    "quiet": histogram_itl(quiet_from, load_from),
-                    "loading": histogram_itl(load_from, load_to),
-                    "in_flight": None if landed is None else histogram_itl(load_from, landed),
-                    "client_quiet": itl(streams.gaps(start - self.quiet_s, start)),
-                    "client_loading": itl(streams.gaps(start, end)),
-                })  # fmt: skip
-                errors += streams.errors()
-        return _summary(rounds, errors)
+        with DecodeStreams(engine, self.decodes, max_tokens=budget) as streams:
+            streams.wait_running(8)
+            before_load()
+            quiet_from = itl_counts(engine)
+            _poll(engine, lambda: time.sleep(self.quiet_s))  # scraped as during the load
+            start = time.perf_counter()
+            text = scrape(engine)
+            load_from = itl_counts(text)
+            # One token: the loader adds no inter-token latency of its own to the window.
+            loader = functools.partial(
+                stream_ttft, engine, prefix + self.prompts(SUFFIX_TOKENS), max_tokens=1,
+                **(extra or {}),
+            )  # fmt: skip
+            ttft, landed = _poll(engine, loader, _loads_done(text))
+            end = time.perf_counter()
+            after, engine_ttft = _engine_ttft(engine, text)
+            load_to = itl_counts(after)
+            errors += streams.errors()
+            return {
+                "ttft_s": ttft,
+                "engine_ttft_s": engine_ttft,
+                "quiet": histogram_itl(quiet_from, load_from),
+                "loading": histogram_itl(load_from, load_to),
+                "in_flight": None if landed is None else histogram_itl(load_from, landed),
+                "client_quiet": itl(streams.gaps(start - self.quiet_s, start)),
+                "client_loading": itl(streams.gaps(start, end)),
+                # this round's own: the arms of a paired engine share its totals
+                "async_loads": _loads_done(after) - _loads_done(text),
+                "hit_tokens": metric_value(after, HIT_TOKENS) - metric_value(text, HIT_TOKENS),
+            }
+
+
+def _engine_ttft(engine: VLLMServer, before: str) -> tuple[str, float | None]:
+    """A scrape once the frontend has counted the loader finished, and the loader's TTFT as
+    the engine timed it (:data:`ENGINE_TTFT`); None where not exactly one request finished
+    since ``before`` (a decode ended too, or the count never came)."""
+    count = f"{ENGINE_TTFT[0]}_count"
+    deadline = time.monotonic() + FINISHED_WAIT_S
+    while True:
+        after = scrape(engine)
+        finished = metric_value(after, count) - metric_value(before, count)
+        if finished >= 1 or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    if finished != 1:
+        return after, None
+    return after, sum(
+        metric_value(after, f"{m}_sum") - metric_value(before, f"{m}_sum") for m in ENGINE_TTFT
+    )
 
 
 def _poll(
@@ -271,9 +377,12 @@ def _summary(rounds: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
     def of(path: Callable[[dict[str, Any]], float]) -> dict[str, float]:
         return spread([path(r) for r in rounds]).as_dict()
 
-    in_flight = {}
+    engine_ttft = [r["engine_ttft_s"] for r in rounds if r.get("engine_ttft_s") is not None]
+    optional: dict[str, Any] = {}
+    if engine_ttft:
+        optional["engine_ttft_s"] = spread(engine_ttft).as_dict()
     if rounds and all(r["in_flight"] for r in rounds):
-        in_flight = {
+        optional |= {
             "in_flight_p99_ms": of(lambda r: r["in_flight"]["p99_ms"]),
             "in_flight_p99_ratio": of(lambda r: r["in_flight"]["p99_ms"] / r["quiet"]["p99_ms"]),
         }
@@ -286,10 +395,12 @@ def _summary(rounds: list[dict[str, Any]], errors: list[str]) -> dict[str, Any]:
         "loading_p50_ms": of(lambda r: r["loading"]["p50_ms"]),
         "loading_p99_ms": of(lambda r: r["loading"]["p99_ms"]),
         "p99_ratio": of(lambda r: r["loading"]["p99_ms"] / r["quiet"]["p99_ms"]),
-        **in_flight,
+        **optional,
         "client_quiet_p99_ms": of(lambda r: r["client_quiet"]["p99_ms"]),
         "client_loading_p99_ms": of(lambda r: r["client_loading"]["p99_ms"]),
         "itl_source": "engine",
+        "async_loads": sum(r.get("async_loads", 0) for r in rounds),
+        "hit_tokens": sum(r.get("hit_tokens", 0) for r in rounds),
     }
 
 
