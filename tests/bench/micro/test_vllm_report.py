@@ -165,11 +165,9 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     }  # fmt: skip
     # Each of the four decodes makes one token a step: 28, 32 and 36 tokens are 7, 8, 9 steps.
     res["file/async"]["rounds"] = [{"loading": {"samples": n}} for n in (32.0, 28.0, 36.0)]
-    _save(tmp_path, "vllm-interference-2026-12-03.json", res, ["--scenario", "interference"])
-    text = render_scenarios(tmp_path)
+    text, row = _rendered(tmp_path / "apart", res, "file/async")
     hit_row = next(line for line in text.splitlines() if line.startswith("| vllm-hit |"))
     assert "2.91×" in hit_row  # its own window's p99 over before, judged by no bar
-    row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
     assert "1.10×" in row  # in flight: 60.5 / 55
     assert "| 8 (7–9) |" in row  # engine steps while the loader waited, from the decodes' tokens
     assert "ITL p99 ≤ 1.25× before: **missed**" in row  # the bar, on the whole window as written
@@ -179,21 +177,22 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
 
     # sync and async sharing one engine: the ratio of each pair of rounds, and its spread
     res["file/async"]["ttft_vs_sync"] = {"median": 1.08, "min": 0.9, "max": 1.3, "n": 3}
-    _save(tmp_path / "paired", "vllm-interference-2026-12-03.json", res,
-          ["--scenario", "interference"])  # fmt: skip
-    text = render_scenarios(tmp_path / "paired")
-    row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
+    text, row = _rendered(tmp_path / "paired", res, "file/async")
     assert "TTFT 1.08× sync's, pair by pair (0.90×–1.30×), ≤ 1.1×" in row
     assert "share one engine, their rounds alternating" in text
 
     # and where the engine timed each loader: its ratios set the target, the client's beside
     res["file/async"]["engine_ttft_vs_sync"] = {"median": 1.2, "min": 1.0, "max": 1.5, "n": 3}
-    _save(tmp_path / "engine", "vllm-interference-2026-12-03.json", res,
-          ["--scenario", "interference"])  # fmt: skip
-    text = render_scenarios(tmp_path / "engine")
-    row = next(line for line in text.splitlines() if line.startswith("| file/async |"))
+    _, row = _rendered(tmp_path / "engine", res, "file/async")
     assert ("TTFT 1.20× sync's as the engine timed it, pair by pair (1.00×–1.50×; the "
             "client's 1.08×), ≤ 1.1×: **missed**") in row  # fmt: skip
+
+
+def _rendered(results: Path, res: dict[str, Any], arm: str) -> tuple[str, str]:
+    """An interference result saved under ``results`` and rendered: the text, ``arm``'s row."""
+    _save(results, "vllm-interference-2026-12-03.json", res, ["--scenario", "interference"])
+    text = render_scenarios(results)
+    return text, next(line for line in text.splitlines() if line.startswith(f"| {arm} |"))
 
 
 def test_settle_waits_while_the_machine_is_busy_and_not_after() -> None:
