@@ -28,6 +28,7 @@ from kvstack.security import SecurityConfig
 
 __all__ = [
     "ConnectorSettings",
+    "LoadMode",
     "TransferModes",
     "index_section",
     "security_section",
@@ -37,6 +38,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _logged: set[tuple[str, ...]] = set()  # translations already logged by this process
+
+
+LoadMode = Literal["auto", "async", "sync"]  # where a slow-tier load runs: see load_mode
 
 
 class ConnectorSettings(Section):
@@ -61,7 +65,7 @@ class ConnectorSettings(Section):
     kv_events: bool = Field(
         default=True, description="report kvstack tier stores/removals in vLLM's KV events"
     )
-    load_mode: Literal["auto", "async", "sync"] = Field(
+    load_mode: LoadMode = Field(
         default="auto",
         description="auto: a load served from the cpu:// tier runs within its step; one from "
         "a slower tier runs within the step when this engine's measured cost of it (seconds "

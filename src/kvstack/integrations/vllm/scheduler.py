@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from kvstack.integrations.plan import RequestIO, RequestTracker, block_aligned_hit
-from kvstack.integrations.settings import ConnectorSettings
+from kvstack.integrations.settings import ConnectorSettings, LoadMode
 from kvstack.integrations.vllm.load_cost import LoadCost, LoadSample
 from kvstack.integrations.vllm.lookup import LookupClient, PrefixAnswer, lookup_endpoint
 from kvstack.integrations.vllm.stats import KVStackStats
@@ -47,7 +47,7 @@ __all__ = ["KVStackMetadata", "KVStackWorkerMeta", "SchedulerSide", "namespace_d
 
 log = logging.getLogger(__name__)
 LOOKUP_REUSE_S = 1.0  # a waiting request re-asks at most this often
-LOAD_MODES = ("auto", "async", "sync")
+LOAD_MODES: tuple[str, ...] = get_args(LoadMode)
 _warned_modes: set[str] = set()  # bad per-request load modes already logged (bounded below)
 
 
