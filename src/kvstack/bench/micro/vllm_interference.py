@@ -321,10 +321,11 @@ def _engine_ttft(engine: VLLMServer, before: str) -> tuple[str, float | None]:
     the engine timed it (:data:`ENGINE_TTFT`); None where not exactly one request finished
     since ``before`` (a decode ended too, or the count never came)."""
     count = f"{ENGINE_TTFT[0]}_count"
+    counted = metric_value(before, count)
     deadline = time.monotonic() + FINISHED_WAIT_S
     while True:
         after = scrape(engine)
-        finished = metric_value(after, count) - metric_value(before, count)
+        finished = metric_value(after, count) - counted
         if finished >= 1 or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)
