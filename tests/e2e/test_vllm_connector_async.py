@@ -18,11 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import openai
 import pytest
 
 from kvstack.bench.micro.vllm_probe import reset_prefix_cache
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers import make_tier
+from kvstack.router.request import ADMIN_HEADER
 from kvstack.stack.vllm_server import VLLMServer, connector_config
 from tests.e2e.engines import (
     Answer,
@@ -34,6 +36,7 @@ from tests.e2e.engines import (
     metric_total,
     wait_metric,
 )
+from tests.router.conftest import router_config, serve_router
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -169,6 +172,39 @@ def test_a_request_may_ask_for_its_load_within_the_step(
     assert generate(engine_a, tokens, **sync) == reference
     assert wait_metric(engine_a, STEP_LOADS, in_step + 1) >= in_step + 1
     assert metric_total(engine_a, ASYNC_LOADS) == loads
+
+
+async def test_through_the_router_only_the_admin_key_chooses_the_load_mode(
+    engine_a: VLLMServer, workdir: Path
+) -> None:
+    """A client asking ``sync`` through the router is loaded as the engine loads (its
+    ``kv_transfer_params`` dropped), one holding the router's admin key gets its own mode;
+    both compute what vLLM's own hit computes. The official openai client asks."""
+    tokens = prompt(5 * CHUNK + 100, seed=4)
+    reference = computed_twice(engine_a, tokens, workdir)
+    admin = "admin-key-of-this-test"
+    config = router_config([engine_a.url], auth={"admin_key": admin}, health={"interval_s": 0.5})
+    orders = {"kv_transfer_params": {"kvstack": {"load_mode": "sync"}}, "return_token_ids": True}
+    async with serve_router(config) as router:
+        client = openai.AsyncOpenAI(base_url=f"{router.url}/v1", api_key="none", max_retries=0)
+        try:
+            for headers, in_the_step in (({}, False), ({ADMIN_HEADER: admin}, True)):
+                loads = metric_total(engine_a, ASYNC_LOADS)
+                in_step = metric_total(engine_a, STEP_LOADS)
+                reset_prefix_cache(engine_a)
+                answer = await client.completions.create(
+                    model="toy", prompt=tokens, max_tokens=8, temperature=0,
+                    extra_body=orders, extra_headers=headers,
+                )  # fmt: skip
+                assert answer.choices[0].token_ids == reference.token_ids  # type: ignore[attr-defined]
+                if in_the_step:
+                    assert wait_metric(engine_a, STEP_LOADS, in_step + 1) >= in_step + 1
+                    assert metric_total(engine_a, ASYNC_LOADS) == loads
+                else:
+                    assert wait_metric(engine_a, ASYNC_LOADS, loads + 1) == loads + 1
+                    assert metric_total(engine_a, STEP_LOADS) == in_step
+        finally:
+            await client.close()
 
 
 def _key(path: Path) -> ChunkKey:

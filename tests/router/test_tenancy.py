@@ -122,3 +122,41 @@ def test_only_the_admin_key_or_debug_headers_make_a_caller_privileged() -> None:
     assert request(None, tenancy=lora_key, **{"x-kvstack-admin-key": "lora-admin"}).privileged
     debug = Tenancy(CONFIG.model_copy(update={"debug_headers": True}), KEYS)
     assert request("a", tenancy=debug).privileged
+
+
+ORDERS = {"kvstack": {"load_mode": "sync"}}
+
+
+@pytest.mark.parametrize("tenant", [None, "a"])
+def test_a_callers_kv_transfer_params_reach_the_engine_only_with_the_admin_key(
+    tenant: str | None,
+) -> None:
+    import json
+
+    t = Tenancy(CONFIG, KEYS, admin_keys=["the-admin-key"])
+    raw = json.dumps({"model": "m", "prompt": "x", "kv_transfer_params": ORDERS}).encode()
+    caller = request(tenant, raw, tenancy=t)
+    forwarded = json.loads(Tenancy.forwarded_body(caller, raw))
+    assert "kv_transfer_params" not in caller.body and "kv_transfer_params" not in forwarded
+    assert forwarded["prompt"] == "x"
+    admin = request(tenant, raw, tenancy=t, **{"x-kvstack-admin-key": "the-admin-key"})
+    assert json.loads(Tenancy.forwarded_body(admin, raw))["kv_transfer_params"] == ORDERS
+    opened = Tenancy(CONFIG.model_copy(update={"client_kv_transfer_params": True}), KEYS)
+    forwarded = Tenancy.forwarded_body(request(tenant, raw, tenancy=opened), raw)
+    assert json.loads(forwarded)["kv_transfer_params"] == ORDERS
+    # A body that only mentions the name is forwarded as the client wrote it.
+    words = b'{"model":"m","prompt":"what are \\"kv_transfer_params\\"?"}'
+    assert Tenancy.forwarded_body(request(None, words, tenancy=t), words) is words
+
+
+def test_a_form_body_naming_the_field_is_forwarded_untouched() -> None:
+    from kvstack.router.http.parse import parse_form_request
+
+    raw = (
+        b'--b\r\nContent-Disposition: form-data; name="model"\r\n\r\nm\r\n'
+        b'--b\r\nContent-Disposition: form-data; name="kv_transfer_params"\r\n\r\n{}\r\n--b--\r\n'
+    )
+    headers = {"content-type": "multipart/form-data; boundary=b"}
+    parsed = parse_form_request(raw, headers, route_path="/v1/audio/transcriptions",
+                                tenancy=Tenancy(CONFIG, KEYS))  # fmt: skip
+    assert Tenancy.forwarded_body(parsed, raw) is raw

@@ -282,6 +282,12 @@ class RouterConfig(Section):
         description="every caller gets the full x-kvstack-decision header; off: only callers "
         "with the admin key (others see the backend and the reason)",
     )
+    client_kv_transfer_params: bool = Field(
+        default=False,
+        description="forward every caller's `kv_transfer_params` to the engines; off: only "
+        "callers with the admin key may send them, others' are dropped (they steer the "
+        "engine's KV connector: kvstack's load mode, a P/D connector's remote host)",
+    )
     adapters: AdaptersConfig = Field(
         default_factory=AdaptersConfig, description="LoRA adapters via the control plane"
     )

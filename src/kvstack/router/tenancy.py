@@ -27,6 +27,12 @@ Priorities: ``x-kvstack-priority`` above the tenant's ``max_priority`` (for call
 tenant, and tenants not listed, ``router.default_max_priority``: ``standard``) is lowered to
 it, so ``critical``, which skips admission and shedding, is granted per tenant, never asked.
 
+Engine controls: vLLM takes a request's ``kv_transfer_params`` as orders for the engine's KV
+connector (kvstack's per-request load mode, which may make a load stall every request stepping
+beside it; a P/D connector's remote host and port, which the engine then connects to). A caller
+without the admin key has its field dropped, on every JSON route, unless
+``router.client_kv_transfer_params`` opens it to all.
+
 Privilege: a caller sending the admin key in ``x-kvstack-admin-key`` (``router.auth.admin_key``
 or ``lora.admin_key``), or any caller with ``router.debug_headers``, sees the full
 ``x-kvstack-decision`` header; everyone else sees the backend and the reason only.
@@ -48,13 +54,16 @@ from kvstack.router.request import ADMIN_HEADER, GENERATION_ENDPOINTS, RoutingRe
 from kvstack.section import load_section
 from kvstack.security import ClusterKeys, SecurityConfig, load_keys
 
-__all__ = ["SALT_FORBIDDEN", "Tenancy", "TenantView", "check_client_salt"]
+__all__ = ["ENGINE_CONTROLS", "SALT_FORBIDDEN", "Tenancy", "TenantView", "check_client_salt"]
 
 log = logging.getLogger(__name__)
 SALT_FORBIDDEN = frozenset("@/\\\x00")  # vLLM's validate_cache_salt
 MAX_SALT_CHARS = 128
 _SALT_CACHE = 4096  # (tenant, client salt) pairs remembered
 _RANK: dict[str, int] = {p: i for i, p in enumerate(PRIORITIES)}  # 0: critical, the highest
+ENGINE_CONTROLS = "kv_transfer_params"  # a body field only the admin key may send (see above)
+_CONTROLS_RAW = b'"kv_transfer_params"'  # as a key in the raw body (a quote inside a string
+# is escaped, so the unescaped form is a key, or a whole string value: a needless re-encode)
 
 
 class TenantView(NamedTuple):
@@ -83,6 +92,7 @@ class Tenancy:
             self._salt_key = keys.key("tenant-salt")
         self._admin = [hashlib.sha256(k.encode()).digest() for k in admin_keys if k]
         self._salts: dict[tuple[str, str | None], str] = {}
+        self._dropped_logged = False
 
     @classmethod
     def from_environment(
@@ -114,12 +124,30 @@ class Tenancy:
             body = {**body, "cache_salt": salt}
         return TenantView(body, self.capped_priority(tenant, priority), privileged)
 
+    def engine_fields(self, body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+        """A JSON body without the caller's ``kv_transfer_params``, unless it may send them
+        (``body`` itself when there is nothing to drop)."""
+        if ENGINE_CONTROLS not in body:
+            return body
+        if self.config.client_kv_transfer_params or self._is_admin(headers):
+            return body
+        if not self._dropped_logged:
+            self._dropped_logged = True
+            log.warning(
+                "a caller without the admin key sent kv_transfer_params: dropped (set "
+                "router.client_kv_transfer_params to forward every caller's; logged once)"
+            )
+        return {k: v for k, v in body.items() if k != ENGINE_CONTROLS}
+
     @staticmethod
     def forwarded_body(request: RoutingRequest, raw: bytes) -> bytes:
         """The bytes to forward: the client's own, unless the tenancy rewrote the body (a
-        tenant's request: its salt). Without a client salt the field is spliced in front of
-        the client's bytes instead of re-encoding the body: one copy instead of an encode
-        (a 100 KB prompt costs ~10 µs to copy, several times that to encode)."""
+        tenant's request: its salt; a dropped ``kv_transfer_params``). Without a client salt
+        the field is spliced in front of the client's bytes instead of re-encoding the body:
+        one copy instead of an encode (a 100 KB prompt costs ~10 µs to copy, several times
+        that to encode)."""
+        if _CONTROLS_RAW in raw and ENGINE_CONTROLS not in request.body and _is_json(raw):
+            return encode_body(request.body)  # the field was dropped
         if request.tenant is None or request.endpoint not in GENERATION_ENDPOINTS:
             return raw
         head = raw.lstrip()
@@ -173,6 +201,11 @@ class Tenancy:
             return False
         digest = hashlib.sha256(given.encode()).digest()
         return any(hmac.compare_digest(digest, key) for key in self._admin)
+
+
+def _is_json(raw: bytes) -> bool:
+    """A JSON object's bytes (not a form's: its fields are the client's own)."""
+    return raw.lstrip()[:1] == b"{"
 
 
 def check_client_salt(salt: object) -> str | None:

@@ -3,6 +3,7 @@ affinity, shedding by priority (InferenceObjective bands), model rewrites for ca
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import httpx
@@ -130,3 +131,28 @@ async def test_a_tenants_request_reaches_the_engine_with_its_derived_salt() -> N
             assert done.status == 200, done.body
             salts.append(engine.seen[-1].body["cache_salt"])
         assert salts[0] == salts[2] != salts[1] and "x" not in salts
+
+
+async def test_kv_transfer_params_reach_the_engine_only_from_the_admin() -> None:
+    """A caller's orders to the engine's KV connector are dropped on the scored paths and the
+    passthrough ones alike; the admin key's caller keeps them."""
+    engine = FakeEngine("e1")
+    orders = {"kvstack": {"load_mode": "sync"}}
+    admin = {"x-kvstack-admin-key": "the-admin-key"}
+    async with (
+        engines(engine) as started,
+        serve_epp(started, auth={"admin_key": "the-admin-key"}) as epp,
+        httpx.AsyncClient() as http,
+    ):
+        seen = []
+        for headers in ({}, admin):
+            body = {"model": "toy", "prompt": "hi", "max_tokens": 2, "kv_transfer_params": orders}
+            done = await epp.envoy.forward(PATH, body, http, headers=headers)
+            assert done.status == 200, done.body
+            seen.append(engine.seen[-1].body.get("kv_transfer_params"))
+        assert seen == [None, orders]
+        body = {"model": "toy", "token_ids": [1, 2], "kv_transfer_params": orders}
+        passed = await epp.envoy.pick("/inference/v1/generate", body)
+        assert passed.status is None and passed.endpoint == epp.endpoint(engine)
+        assert json.loads(passed.body) == {"model": "toy", "token_ids": [1, 2]}
+        assert passed.headers["content-length"] == str(len(passed.body))

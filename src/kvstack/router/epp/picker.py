@@ -17,6 +17,7 @@ import dataclasses
 import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 
@@ -30,7 +31,7 @@ from kvstack.router.http.parse import parse_request
 from kvstack.router.http.responses import RawHeaders
 from kvstack.router.inflight import InFlight
 from kvstack.router.proxy import TENANT_HEADER
-from kvstack.router.request import Endpoint, RoutingRequest
+from kvstack.router.request import Endpoint, RoutingRequest, encode_body
 from kvstack.router.router import Router
 from kvstack.router.scheduling.pipeline import eligible_backends
 from kvstack.router.tenancy import Tenancy
@@ -52,7 +53,7 @@ class Placement:
     endpoint: str  # ip:port
     backend: BackendState
     body: bytes  # what the backend gets
-    rewritten: bool  # body differs from the client's (the model was rewritten)
+    rewritten: bool  # body differs from the client's (model, salt, dropped engine controls)
     set_headers: dict[str, str] = field(default_factory=dict)
     remove_headers: list[str] = field(default_factory=list)
     response_headers: RawHeaders = field(default_factory=list)  # added to the client's answer
@@ -175,9 +176,16 @@ class EndpointPicker:
         self, headers: Mapping[str, str], body: bytes, exclude: Collection[str]
     ) -> Placement:
         """Paths routing does not score: a reachable backend serving the body's model (any,
-        without one), chosen at random."""
+        without one), chosen at random; a caller's ``kv_transfer_params`` are dropped as on
+        the scored paths (:meth:`Tenancy.engine_fields`)."""
         states = self.router.pool.states()
-        model = _model_of(body)
+        decoded = _decoded(body)
+        rewritten = False
+        if decoded is not None:
+            kept = self.router.tenancy.engine_fields(decoded, headers)
+            if kept is not decoded:  # the caller's kv_transfer_params were dropped
+                body, rewritten = encode_body(kept), True
+        model = _model_of(decoded)
         if model is not None:
             candidates = eligible_backends(states, model, exclude)
         else:
@@ -185,17 +193,25 @@ class EndpointPicker:
         if not candidates:
             raise NoBackendError("no reachable backend for this request")
         backend = self.router.context.rng.choice(candidates)
-        return Placement(endpoint_of(backend.url), backend, body, False)
+        placement = Placement(endpoint_of(backend.url), backend, body, rewritten)
+        if rewritten:
+            placement.set_headers["content-length"] = str(len(body))
+        return placement
 
 
-def _model_of(body: bytes) -> str | None:
+def _decoded(body: bytes) -> dict[str, Any] | None:
+    """A JSON object body, decoded (None: no body, or not an object)."""
     if not body:
         return None
     try:
         decoded = msgspec.json.decode(body)
     except msgspec.DecodeError:
         raise RequestError("We could not parse the JSON body of your request") from None
-    model = decoded.get("model") if isinstance(decoded, dict) else None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def _model_of(decoded: dict[str, Any] | None) -> str | None:
+    model = None if decoded is None else decoded.get("model")
     return model if isinstance(model, str) and model else None
 
 

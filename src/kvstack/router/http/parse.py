@@ -70,8 +70,11 @@ def parse_request(
     tenancy: Tenancy | None = None,
 ) -> RoutingRequest:
     """Parse a JSON body; RequestError (400) when it is not an object or names no model.
-    ``tenancy`` adjusts the tenant's fields (salt, priority cap, privilege) on the way."""
+    ``tenancy`` adjusts the tenant's fields (salt, priority cap, privilege) on the way, and
+    drops engine controls the caller may not send."""
     body = _decode_object(raw)
+    if tenancy is not None:
+        body = tenancy.engine_fields(body, headers)
     prompt, messages, token_ids = _inputs(endpoint, body)
     return _request(
         endpoint, body, headers, prompt, messages, token_ids,
