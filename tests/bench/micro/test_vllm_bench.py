@@ -196,13 +196,16 @@ def test_the_in_flight_window_ends_at_the_first_scrape_that_counts_the_load_done
                 time.sleep(0.01)
             return "token"
 
-        got, landed = interference._poll(engine, work, 0.0)  # type: ignore[arg-type]
+        got, landed = interference._poll(engine, work, 0.0, 0.05)  # type: ignore[arg-type]
         assert got == "token"
         assert landed == {0.05: 30.0, float("inf"): 30.0}  # the fourth scrape's histogram
         _, none = interference._poll(engine, lambda: time.sleep(0.1), None)  # type: ignore[arg-type]
         assert none is None
         with pytest.raises(RuntimeError, match="the stream broke"):
             interference._poll(engine, _broken)  # type: ignore[arg-type]
+        scraped = len(scrapes)  # polling off (the default): the work alone, no scrape
+        assert interference._poll(engine, lambda: "x", 0.0, 0.0) == ("x", None)  # type: ignore[arg-type]
+        assert len(scrapes) == scraped
     finally:
         server.shutdown()
 

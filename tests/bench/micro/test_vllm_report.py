@@ -174,6 +174,13 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert "ITL p99 during 1.00× vLLM's own hit's" in row
     assert "TTFT 0.66× sync's, ≤ 1.1×" in row  # arms on their own engines: medians compared
     assert "Each arm ran on its own engine" in text
+    assert "`/metrics`, scraped every 50 ms" in text  # results from before --poll-s
+
+    # without scrapes during the rounds (--poll-s 0), no in-flight window is claimed
+    res["args"] = {"poll_s": 0.0}
+    text, _ = _rendered(tmp_path / "unpolled", res, "file/async")
+    assert 'there is no "in flight" window' in text and "scraped every" not in text
+    del res["args"]
 
     # sync and async sharing one engine: the ratio of each pair of rounds, and its spread
     res["file/async"]["ttft_vs_sync"] = {"median": 1.08, "min": 0.9, "max": 1.3, "n": 3}

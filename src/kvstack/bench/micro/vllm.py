@@ -268,6 +268,14 @@ def run(argv: list[str]) -> int:
         action="store_true",
         help="--scenario overhead: also a third engine with copy_out: background",
     )
+    parser.add_argument(
+        "--poll-s",
+        type=float,
+        default=0.0,
+        help="--scenario interference: scrape /metrics this often during each load (and the "
+        "quiet window) to measure ITL while an async load is in flight; 0 (default): no "
+        "scrapes, which cost a small host's API server most of a core at 0.05",
+    )
     args = parser.parse_args(argv)
     started = time.time()
     args.prompt_tokens = args.prompt_tokens or (2048 if args.quick else 8192)

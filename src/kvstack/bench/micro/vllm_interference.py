@@ -25,10 +25,14 @@ prefixes and decodes:
 Every engine first runs one unmeasured round per load mode it serves (:data:`WARM_MODES`).
 Per round (one load): the loader's TTFT, as the client saw it and as the engine timed it
 (:data:`ENGINE_TTFT`), and the decodes' inter-token latencies while it was in flight (send to
-its token) and in the ``--quiet-s`` seconds before. Where the load is
+its token) and in the ``--quiet-s`` seconds before. With ``--poll-s``, where the load is
 asynchronous, also while it is in flight: from the send to the scrape of ``/metrics`` (every
-:data:`POLL_S`, in the quiet window too) that first counts it finished, before the request's
-own first step, which takes longer than a poll. The latencies are the
+``--poll-s`` seconds, in the quiet window too) that first counts it finished, before the
+request's own first step. The polling is off by default: on a 2-core host one scrape of a
+vLLM ``/metrics`` (with the fine ITL buckets) took the API server 45-70 ms, on the core where the
+engine core and kvstack's load threads run too, so 20 scrapes a second slowed exactly the
+asynchronous arm's fetch, and at 2K prefixes no poll ever caught a load in flight anyway. The
+latencies are the
 engine's own: vLLM's ``vllm:inter_token_latency_seconds`` histogram, given fine buckets
 (:func:`~.vllm_harness.fine_itl_buckets`) and read before and after each window, times every
 token by the engine core's timestamp of the step that made it. The gaps between streamed chunks
@@ -73,7 +77,7 @@ __all__ = ["interference"]
 NUM_DECODES = 4
 DECODE_PROMPT_TOKENS = 128
 SUFFIX_TOKENS = 16  # the loader's own tokens after its prefix (computed in every arm)
-POLL_S = 0.05  # scrape interval while a load runs (and in the quiet window before it)
+POLL_S = 0.05  # scrape interval waiting for the loader's finish to be counted (after its token)
 LOADS_DONE = "kvstack_connector_async_load_seconds_count"  # asynchronous loads finished
 T = TypeVar("T")
 CHUNK_TOKENS = 256
@@ -101,7 +105,9 @@ def interference(
     rounds: int,
     quiet_s: float,
     drop_page_cache: Callable[[Path], int],
+    poll_s: float = 0.0,
 ) -> dict[str, Any]:
+    """The scenario's result; ``poll_s``: the in-flight window's scrape interval (0: none)."""
     prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
     paired = [prompts(prefix_tokens) for _ in range(rounds)]  # the async rounds beside sync's
     warm = [prompts(prefix_tokens) for _ in WARM_MODES]  # every engine's unmeasured rounds
@@ -117,7 +123,7 @@ def interference(
         _store(engines, prefixes + paired + warm, kv_dir, redis_url)
         resident = drop_page_cache(kv_dir)
         results["page_cache_after_drop_bytes"] = resident
-        run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len, warm)
+        run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len, warm, poll_s)
         with engines.engine("recompute", None, itl_engine_args()) as e:
             results["recompute"] = run(e, lambda: None)
         with engines.engine("vllm-hit", None, itl_engine_args()) as e:
@@ -233,10 +239,12 @@ class _Arm:
         quiet_s: float,
         max_model_len: int,
         warm: list[list[int]],
+        poll_s: float = 0.0,
     ) -> None:
         self.prefixes, self.decodes = prefixes, decodes
         self.prompts, self.quiet_s = prompts, quiet_s
         self.max_model_len, self.warm = max_model_len, warm
+        self.poll_s = poll_s
 
     def _warm_up(self, engine: VLLMServer, before_load: Callable[[], object], paired: bool) -> None:
         """The unmeasured rounds (:data:`WARM_MODES`), each its own stored prefix; an engine
@@ -288,7 +296,7 @@ class _Arm:
             streams.wait_running(8)
             before_load()
             quiet_from = itl_counts(engine)
-            _poll(engine, lambda: time.sleep(self.quiet_s))  # scraped as during the load
+            _poll(engine, lambda: time.sleep(self.quiet_s), None, self.poll_s)  # as the load
             start = time.perf_counter()
             text = scrape(engine)
             load_from = itl_counts(text)
@@ -297,7 +305,7 @@ class _Arm:
                 stream_ttft, engine, prefix + self.prompts(SUFFIX_TOKENS), max_tokens=1,
                 **(extra or {}),
             )  # fmt: skip
-            ttft, landed = _poll(engine, loader, _loads_done(text))
+            ttft, landed = _poll(engine, loader, _loads_done(text), self.poll_s)
             end = time.perf_counter()
             after, engine_ttft = _engine_ttft(engine, text)
             load_to = itl_counts(after)
@@ -337,13 +345,18 @@ def _engine_ttft(engine: VLLMServer, before: str) -> tuple[str, float | None]:
 
 
 def _poll(
-    engine: VLLMServer, work: Callable[[], T], loads_done: float | None = None
+    engine: VLLMServer,
+    work: Callable[[], T],
+    loads_done: float | None = None,
+    every_s: float = POLL_S,
 ) -> tuple[T, dict[float, float] | None]:
-    """Run ``work`` while scraping ``/metrics`` every :data:`POLL_S`: what it returned, and the
+    """Run ``work`` while scraping ``/metrics`` every ``every_s``: what it returned, and the
     ITL histogram of the first scrape that counted more than ``loads_done`` asynchronous loads
     finished (None: none did, or not asked). Each scrape is read with one regular expression;
-    only the one that ends the window is parsed whole, so the polling takes little CPU from
-    the engine and its loads (it runs in the quiet window too, alike)."""
+    only the one that ends the window is parsed whole (the engine's API server still renders
+    every scrape whole). ``every_s`` 0: ``work`` alone, no scrape."""
+    if every_s <= 0:
+        return work(), None
     failed: list[BaseException] = []
     returned: list[T] = []
 
@@ -360,7 +373,7 @@ def _poll(
         text = scrape(engine)
         if landed is None and loads_done is not None and _loads_done(text) > loads_done:
             landed = itl_counts(text)
-        thread.join(POLL_S)
+        thread.join(every_s)
     if failed:
         raise failed[0]
     return returned[0], landed

@@ -212,11 +212,10 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
         f"prefix, runs in their batch), `auto` the default load mode (it picks sync or async "
         f"by measured cost). "
         + _pairing(res)
-        + '"In flight" ends when the engine\'s `/metrics`, scraped every '
-        '50 ms, first counts the asynchronous load finished. "Steps" are the engine steps '
-        "taken while the loader waited for its first token (the decodes' tokens in that "
-        "window over the number of decodes: each decode makes one token a step). "
-        + _itl_source(res)
+        + _in_flight(res)
+        + '"Steps" are the engine steps taken while the loader waited for its first token '
+        "(the decodes' tokens in that window over the number of decodes: each decode makes "
+        "one token a step). " + _itl_source(res)
     )
     headers = ("arm", "loader TTFT (min–max)", "decode ITL p50 / p99 ms, before",
                "during the load", "p99 during / before (min–max)",
@@ -224,6 +223,17 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
                "load ms: in the step / fetch off it / till reported", "stream errors",
                "target")  # fmt: skip
     return intro, table(headers, rows, "lrrrrrrrrl")
+
+
+def _in_flight(res: dict[str, Any]) -> str:
+    """How the in-flight window was found: results before ``--poll-s`` scraped every 50 ms."""
+    poll_s = res.get("args", {}).get("poll_s", 0.05)
+    if poll_s > 0:
+        every = f"{poll_s * 1000:.0f} ms"
+        return (f'"In flight" ends when the engine\'s `/metrics`, scraped every {every}, '
+                "first counts the asynchronous load finished. ")  # fmt: skip
+    return ("`/metrics` was not scraped during the rounds (each scrape costs a small host's "
+            'API server tens of ms), so there is no "in flight" window. ')  # fmt: skip
 
 
 def _pairing(res: dict[str, Any]) -> str:

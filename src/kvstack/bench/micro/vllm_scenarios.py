@@ -55,7 +55,7 @@ def default_path(scenario: str) -> Path:
 
 def _args(args: argparse.Namespace) -> dict[str, Any]:
     keep = ("quick", "prompt_tokens", "reps", "seed", "skip", "scenario", "preempt_blocks",
-            "background_arm")  # fmt: skip
+            "background_arm", "poll_s")  # fmt: skip
     return {k: getattr(args, k) for k in keep if hasattr(args, k)}
 
 
@@ -65,7 +65,9 @@ def _measure(args: argparse.Namespace, engines: Engines, prompts: PromptFactory)
         from kvstack.bench.micro.vllm_interference import interference
 
         quiet = 2.0 if args.quick else 4.0
-        return interference(engines, prompts, args.prompt_tokens, args.reps, quiet, drop_page_cache)
+        return interference(
+            engines, prompts, args.prompt_tokens, args.reps, quiet, drop_page_cache, args.poll_s
+        )
     if args.scenario == "multi-turn":
         from kvstack.bench.micro.vllm_turns import multi_turn
 
