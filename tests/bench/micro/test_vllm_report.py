@@ -175,6 +175,7 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert "TTFT 0.66× sync's, ≤ 1.1×" in row  # arms on their own engines: medians compared
     assert "Each arm ran on its own engine" in text
     assert "`/metrics`, scraped every 50 ms" in text  # results from before --poll-s
+    assert "loads an 8,192-token prefix" in text
 
     # without scrapes during the rounds (--poll-s 0), no in-flight window is claimed
     res["args"] = {"poll_s": 0.0}

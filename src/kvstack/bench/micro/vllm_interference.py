@@ -29,17 +29,17 @@ its token) and in the ``--quiet-s`` seconds before. With ``--poll-s``, where the
 asynchronous, also while it is in flight: from the send to the scrape of ``/metrics`` (every
 ``--poll-s`` seconds, in the quiet window too) that first counts it finished, before the
 request's own first step. The polling is off by default: on a 2-core host one scrape of a
-vLLM ``/metrics`` (with the fine ITL buckets) took the API server 45-70 ms, on the core where the
-engine core and kvstack's load threads run too, so 20 scrapes a second slowed exactly the
+vLLM ``/metrics`` (with the fine ITL buckets) took the API server 45-70 ms, on the core where
+the engine core and kvstack's load threads run too, so 20 scrapes a second slowed exactly the
 asynchronous arm's fetch, and at 2K prefixes no poll ever caught a load in flight anyway. The
-latencies are the
-engine's own: vLLM's ``vllm:inter_token_latency_seconds`` histogram, given fine buckets
-(:func:`~.vllm_harness.fine_itl_buckets`) and read before and after each window, times every
-token by the engine core's timestamp of the step that made it. The gaps between streamed chunks
-as the client reads them are kept too (``client_*``), but they are not a measure of the engine:
-on a fast machine the HTTP stream hands over several tokens in one read, and those gaps read
-0 ms. Reported per arm: medians and min-max over rounds of the loader's TTFT and of ITL
-p50/p99, and the ratio of each round's p99 during the load (and in flight) to its p99 before.
+latencies are the engine's own: vLLM's ``vllm:inter_token_latency_seconds`` histogram, given
+fine buckets (:func:`~.vllm_harness.fine_itl_buckets`) and read before and after each window,
+times every token by the engine core's timestamp of the step that made it. The gaps between
+streamed chunks as the client reads them are kept too (``client_*``), but they are not a
+measure of the engine: on a fast machine the HTTP stream hands over several tokens in one
+read, and those gaps read 0 ms. Reported per arm: medians and min-max over rounds of the
+loader's TTFT and of ITL p50/p99, and the ratio of each round's p99 during the load (and in
+flight) to its p99 before.
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
             _async_targets(res, arm),
         ))  # fmt: skip
     intro = (
-        f"Four streamed decodes; one request at a time loads a {res['prefix_tokens']:,}-token "
+        f"Four streamed decodes; one request at a time loads {_a(res['prefix_tokens'])}-token "
         f"prefix from a slow tier (file tier with its page cache dropped, or Redis), "
         f"{res['rounds']} rounds per arm; `recompute` is plain vLLM computing the prefix, "
         f"`vllm-hit` plain vLLM with the prefix already in its own prefix cache (what any hit "
@@ -223,6 +223,13 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
                "load ms: in the step / fetch off it / till reported", "stream errors",
                "target")  # fmt: skip
     return intro, table(headers, rows, "lrrrrrrrrl")
+
+
+def _a(count: int) -> str:
+    """``a 2,048``, ``an 8,192``, ``an 11,000``: the article as the number is said."""
+    said = f"{count:,}"
+    vowel = said.startswith("8") or said.partition(",")[0] in ("11", "18")
+    return f"{'an' if vowel else 'a'} {said}"
 
 
 def _in_flight(res: dict[str, Any]) -> str:
