@@ -94,6 +94,16 @@ class ConnectorSettings(Section):
         "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS; vLLM's default --shutdown-timeout 0 kills the "
         "worker before any of it runs)",
     )
+    load_finish_wait: float = Field(
+        default=0.25,
+        ge=0,
+        le=1,
+        description="at the end of a step, wait for an asynchronous load this worker predicts "
+        "will end within the wait, so that vLLM schedules its request a step sooner: at most "
+        "this fraction of a typical step, and at most a step divided by the requests stepping "
+        "(what they pay is then at most what the loading request saves); each load once; "
+        "0: never wait",
+    )
     load_threads: int = Field(
         default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"
     )

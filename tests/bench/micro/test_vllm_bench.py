@@ -224,10 +224,17 @@ def test_the_load_breakdown_is_the_mean_of_each_timing_and_none_without_loads() 
         "# TYPE kvstack_connector_async_load_seconds histogram",
         'kvstack_connector_async_load_seconds_sum{model_name="m"} 1.2',
         'kvstack_connector_async_load_seconds_count{model_name="m"} 3',
+        "# TYPE kvstack_connector_finish_waits counter",
+        'kvstack_connector_finish_waits_total{model_name="m"} 2',
+        "# TYPE kvstack_connector_finish_wait_seconds histogram",
+        'kvstack_connector_finish_wait_seconds_sum{model_name="m"} 0.004',
+        'kvstack_connector_finish_wait_seconds_count{model_name="m"} 2',
     ]) + "\n"  # fmt: skip
     breakdown = _load_breakdown(text)
     assert breakdown == {"step_s_mean": None, "fetch_s_mean": pytest.approx(0.3),
-                         "reported_s_mean": pytest.approx(0.4)}  # fmt: skip
+                         "reported_s_mean": pytest.approx(0.4),
+                         "finish_wait_s_mean": pytest.approx(0.002),
+                         "finish_waits": 2, "finish_wait_caught": 0}  # fmt: skip
 
 
 def _finished(count: int, queue_s: float, prefill_s: float) -> str:

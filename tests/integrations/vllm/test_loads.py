@@ -318,3 +318,37 @@ def test_a_deferred_load_timed_out_hands_over_nothing_and_gets_its_buffers_back(
     assert loader.lent_buffers == 0 and int(memory.sum()) == 0
     assert loader.take_finished().req_ids == set()
     loader.close()
+
+
+def test_a_step_end_waits_for_a_load_predicted_to_finish_within_its_budget(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:1], [chunk_of(1)])
+    gate = _Gate(kv, KEYS[0])
+    paged, memory = paged_kv()
+    loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
+    loader.submit(request([[5, 9]]))
+    assert gate.entered.wait(5)
+    assert loader.wait_near(5.0, 100.0) == (0, 0), "predicted to end long after the budget"
+    threading.Timer(0.05, gate.release.set).start()
+    began = time.monotonic()
+    assert loader.wait_near(5.0, 0.01) == (1, 1)
+    assert time.monotonic() - began < 4.0, "waited the whole budget for a load already done"
+    finished = loader.take_finished()
+    assert finished.req_ids == {"r1"} and torch.equal(memory[:, [5, 9]], chunk_of(1))
+    loader.close()
+
+
+def test_a_step_end_waits_for_a_load_once_and_no_longer_than_its_budget(kv: KVCache) -> None:
+    kv.put_chunks(KEYS[:1], [chunk_of(1)])
+    gate = _Gate(kv, KEYS[0])
+    paged, _ = paged_kv()
+    loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
+    loader.submit(request([[5, 9]]))
+    assert gate.entered.wait(5)
+    began = time.monotonic()
+    assert loader.wait_near(0.1, 0.0) == (1, 0)  # the tier stalls: the budget runs out
+    assert time.monotonic() - began >= 0.1
+    assert loader.wait_near(5.0, 0.0) == (0, 0), "a load is waited for once in its life"
+    assert loader.take_finished().req_ids == set()
+    gate.release.set()
+    assert wait_finished(loader).req_ids == {"r1"}
+    loader.close()

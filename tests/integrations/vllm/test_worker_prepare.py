@@ -6,8 +6,9 @@ synchronous loads, a whole step later on the CPU build. Writes into the paged bl
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import pytest
 import torch
@@ -154,3 +155,64 @@ def test_a_step_whose_metadata_was_not_prepared_starts_its_loads_at_start(
     worker.start_step(metadata(1))
     assert received(worker) == {"r1"}
     assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+
+
+class _Stalled:
+    """A cache whose reads wait until ``release`` is set (a tier answering late)."""
+
+    def __init__(self, kv: object) -> None:
+        self.kv, self.entered, self.release = kv, threading.Event(), threading.Event()
+
+    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
+        self.entered.set()
+        self.release.wait(10)
+        return int(self.kv.get_chunks_into(keys, outs))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cap", [0.25, 0.0])
+def test_a_step_reports_a_load_that_ends_within_its_bounded_wait(
+    side: tuple[WorkerSide, torch.Tensor], monkeypatch: pytest.MonkeyPatch, cap: float
+) -> None:
+    worker, memory = side
+    stalled = _Stalled(worker.loader._cache)
+    monkeypatch.setattr(worker.loader, "_cache", stalled)
+    worker.finish_wait.cap = cap
+    worker.finish_wait.step_began(1, 0.0)  # steps of a second, one request stepping,
+    worker.finish_wait.step_ended(1.0)
+    worker.finish_wait.observe_fetch(1, 0.001)  # and loads of a millisecond a chunk
+    meta = metadata(1)
+    worker.prepare_step(meta)
+    worker.start_step(meta)
+    assert stalled.entered.wait(5)
+    threading.Timer(0.05, stalled.release.set).start()  # ends a little after the step
+    _, recv = worker.get_finished()
+    if cap:
+        assert recv == {"r1"}, "the step's end did not wait for a load about to end"
+        assert torch.equal(memory[:, [3, 4]], chunk_of(2))
+        stats = worker.take_stats()
+        assert stats is not None
+        assert stats.data["finish_waits"] == 1 and stats.data["finish_wait_caught"] == 1
+    else:
+        assert recv is None  # reported by a later step
+        assert received(worker) == {"r1"}
+
+
+def test_the_worker_times_its_steps_with_requests_stepping_and_its_loads_fetches(
+    side: tuple[WorkerSide, torch.Tensor],
+) -> None:
+    worker, _ = side
+    worker.prepare_step(KVStackMetadata(step=1, stepping=0))  # nothing computes: not timed
+    worker.get_finished()
+    assert worker.finish_wait.step_seconds is None
+    worker.prepare_step(KVStackMetadata(step=2, stepping=3))
+    time.sleep(0.02)  # the forward pass
+    worker.get_finished()
+    step = worker.finish_wait.step_seconds
+    assert step is not None and step >= 0.02
+    meta = metadata(3)
+    worker.prepare_step(meta)
+    worker.start_step(meta)
+    assert received(worker) == {"r1"}
+    per_chunk = worker.finish_wait.seconds_per_chunk
+    assert per_chunk is not None and per_chunk > 0
+    assert worker.finish_wait.budget() == pytest.approx(min(0.25 * step, step / 3))

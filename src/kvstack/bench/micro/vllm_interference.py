@@ -173,11 +173,18 @@ def _paired_ratios(
 # Where a load's time goes, means over the engine's loads (seconds): ``step`` the engine step
 # waiting for synchronous loads, ``fetch`` an asynchronous load's threads (the fetch, and the
 # write unless the next step writes it), ``reported`` its start to the step that reports it to
-# vLLM (fetch plus the wait for it). The sync and async arms share an engine, and these.
+# vLLM (fetch plus the wait for it), ``finish_wait`` a step's end waiting for a load about to
+# end (load_finish_wait), with how many loads it waited for and how many of them it caught.
+# The sync and async arms share an engine, and these.
 BREAKDOWN = {
     "step": "kvstack_connector_load_seconds",
     "fetch": "kvstack_connector_async_fetch_seconds",
     "reported": "kvstack_connector_async_load_seconds",
+    "finish_wait": "kvstack_connector_finish_wait_seconds",
+}
+BREAKDOWN_COUNTS = {
+    "finish_waits": "kvstack_connector_finish_waits_total",
+    "finish_wait_caught": "kvstack_connector_finish_wait_caught_total",
 }
 
 
@@ -186,6 +193,8 @@ def _load_breakdown(text: str) -> dict[str, float | None]:
     for name, metric in BREAKDOWN.items():
         count = metric_value(text, f"{metric}_count")
         out[f"{name}_s_mean"] = metric_value(text, f"{metric}_sum") / count if count else None
+    for name, metric in BREAKDOWN_COUNTS.items():
+        out[name] = metric_value(text, metric)
     return out
 
 

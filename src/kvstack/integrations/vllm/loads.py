@@ -100,6 +100,8 @@ class _Job:
     writing: tuple[Completion, int] | None = None  # the write in flight, of how many chunks
     write_failed: bool = False  # a write raised: nothing after it may count
     fetched_all: bool = False  # the thread is done with the job (success or not)
+    done: threading.Event = field(default_factory=threading.Event)  # set with fetched_all
+    waited: bool = False  # a step's end waited for it once (wait_near)
     fetch_seconds: float = 0.0  # start to the thread being done with it
     abandoned: bool = False  # reported (finished or timed out): nothing more may be written
     staged: list[torch.Tensor] | None = None  # a deferred job's buffers, one per chunk
@@ -200,6 +202,7 @@ class AsyncLoader:
             with job.lock:
                 job.fetched_all = True
                 job.fetch_seconds = time.monotonic() - job.started
+                job.done.set()
                 # Reported as timed out while fetching: nothing of it is written, and its
                 # buffers, which this thread filled until now, go back.
                 give_back = job.staged is not None and job.abandoned and not job.handed_over
@@ -262,6 +265,23 @@ class AsyncLoader:
         return staging[:count]
 
     # -- on the step -----------------------------------------------------------------------
+    def wait_near(self, budget_s: float, seconds_per_chunk: float) -> tuple[int, int]:
+        """Wait up to ``budget_s`` for the jobs predicted (their start plus their chunks times
+        ``seconds_per_chunk``) to be done within it, each job once in its life
+        (:mod:`.finish_wait`). Returns (jobs waited for, of them done)."""
+        end = time.monotonic() + budget_s
+        with self._jobs_lock:
+            jobs = list(self._jobs.values())
+        near = []
+        for job in jobs:
+            predicted = job.started + len(job.keys) * seconds_per_chunk
+            if not job.waited and not job.done.is_set() and predicted <= end:
+                job.waited = True
+                near.append(job)
+        for job in near:
+            job.done.wait(max(end - time.monotonic(), 0.0))
+        return len(near), sum(job.done.is_set() for job in near)
+
     def take_finished(self, now: float | None = None) -> FinishedLoads:
         """Jobs that finished or timed out since the last call (each reported once)."""
         now = time.monotonic() if now is None else now

@@ -77,6 +77,7 @@ class KVStackMetadata(KVConnectorMetadata):
     saves: list[RequestIO] = field(default_factory=list)
     preempted: set[str] = field(default_factory=set)  # their copy-outs end before the forward
     held: list[str] = field(default_factory=list)  # finished; blocks freed once copied out
+    stepping: int = 0  # requests with tokens scheduled in this step
 
 
 @dataclass
@@ -285,7 +286,9 @@ class SchedulerSide:
         self.stepping = len(out.num_scheduled_tokens)
         if self.stepping:
             self.cost.step_scheduled(self.step, time.monotonic())
-        meta = KVStackMetadata(self.step, preempted=set(out.preempted_req_ids or ()))
+        meta = KVStackMetadata(
+            self.step, preempted=set(out.preempted_req_ids or ()), stepping=self.stepping
+        )
         meta.async_loads, self.starting = list(self.starting.values()), {}
         meta.held, self.new_held = self.new_held, []
         if meta.preempted:

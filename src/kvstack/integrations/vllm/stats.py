@@ -35,6 +35,10 @@ COUNTERS: dict[str, str] = {
     "measured them cheaper there than off it",
     "deferred_write_chunks": "Chunks of asynchronous loads fetched off the step and written in "
     "the next step, beside its forward pass (vLLM's CPU build)",
+    "finish_waits": "Asynchronous loads a step's end waited for, predicted to finish within "
+    "the wait (load_finish_wait)",
+    "finish_wait_caught": "Of those, the loads that finished within the wait (reported a step "
+    "sooner)",
     "load_timeouts": "Asynchronous loads abandoned at load_timeout_s (recomputed instead)",
     "save_chunks": "Chunks copied out of the engine into kvstack",
     "save_bytes": "Bytes copied out of the engine into kvstack",
@@ -55,6 +59,7 @@ HISTOGRAMS: dict[str, str] = {
     "async_fetch_seconds": "Start of asynchronous loads to their threads being done (fetched, "
     "and written unless the next step writes them); async_load_seconds adds the wait for the "
     "step that reports them",
+    "finish_wait_seconds": "Time a step's end waited for asynchronous loads about to finish",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
     "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",
 }

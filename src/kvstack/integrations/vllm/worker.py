@@ -13,12 +13,15 @@ Per step (vLLM's model runner)::
       save_kv_layer(l)         layer l's pages of newly completed chunks are copied out
     wait_for_save(meta)        the rest of the copy-out (:mod:`.saves`); publishing to the tiers
                                happens on the save thread
-    get_finished(ids)          receives that ended (done, failed or timed out); finished
-                               requests whose copy-outs are over, so vLLM frees their blocks
+    get_finished(ids)          receives that ended (done, failed or timed out), after a
+                               bounded wait for a load about to end (:mod:`.finish_wait`);
+                               finished requests whose copy-outs are over, so vLLM frees
+                               their blocks
     get_block_ids_with_load_errors()   blocks that did not load: vLLM recomputes them
 
 Chunks that cannot be loaded (evicted, corrupt, a tier down or too slow) are never used: their
-blocks are reported and recomputed. Nothing on the step waits for a slow tier.
+blocks are reported and recomputed. Nothing on the step waits for a slow tier, beyond
+the bounded wait at its end.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from kvstack.cluster.config import IndexConfig
 from kvstack.integrations.plan import ChunkIO
 from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
+from kvstack.integrations.vllm.finish_wait import FinishWait
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.loads import (
@@ -115,6 +119,7 @@ class WorkerSide:
         self._deferred: list[DeferredWrite] = []
         self._writing: list[DeferredWrite] = []
         self.stats = KVStackStats()
+        self.finish_wait = FinishWait(self.settings.load_finish_wait)
         self.events = EventCollector(kv.chunk_size) if self.settings.kv_events else None
         if self.events is not None:
             self.cache.add_listener(self.events.on_tier_event)
@@ -210,6 +215,7 @@ class WorkerSide:
         """The step's metadata, before its forward pass: write the chunks of loads reported
         finished last step (before any attention reads them, :mod:`.loads`), and start the
         step's asynchronous loads now, a step earlier than ``start_load_kv`` on the CPU build."""
+        self.finish_wait.step_began(meta.stepping, time.monotonic())
         if self.paged is None or not (self._deferred or meta.async_loads):
             return
         self.handle_preemptions(meta)  # a preempted request's copy-out before its blocks go
@@ -308,12 +314,31 @@ class WorkerSide:
         """(finished sends, finished receives) since the last call."""
         if self.paged is None:
             return None, None
+        self._wait_for_near_loads()
         loads = self.loader.take_finished()
+        for sample in loads.samples:
+            self.finish_wait.observe_fetch(sample.chunks, sample.seconds)
         self._deferred += loads.deferred
         self._count_async(loads)
         sending = {req_id for req_id in self.held if not self.saves.copy_pending(req_id)}
         self.held -= sending
         return sending or None, loads.req_ids or None
+
+    def _wait_for_near_loads(self) -> None:
+        """At most ``finish_wait.budget()`` for the loads predicted to end within it."""
+        now = time.monotonic()
+        self.finish_wait.step_ended(now)
+        per_chunk = self.finish_wait.seconds_per_chunk
+        if per_chunk is None or not self.loader.num_pending:
+            return
+        budget = self.finish_wait.budget()
+        if budget <= 0:
+            return
+        waited, done = self.loader.wait_near(budget, per_chunk)
+        if waited:
+            self.stats.add("finish_waits", waited)
+            self.stats.add("finish_wait_caught", done)
+            self.stats.observe("finish_wait_seconds", time.monotonic() - now)
 
     def _count_async(self, loads: FinishedLoads) -> None:
         self.failed_blocks |= loads.failed_blocks
