@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -59,14 +60,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("async")
 
 
-def file_engine(model: Path, workdir: Path, name: str) -> VLLMServer:
+def file_engine(model: Path, workdir: Path, name: str, **extra: Any) -> VLLMServer:
     """Launched, not yet awaited (``.wait_ready()``)."""
     tiers = [f"file://{workdir / 'kv'}?size=2GiB"]
     return launch_engine(
         model, workdir, name, max_model_len=4096,
         # async, not auto: auto would move these cheap local loads into the step once measured
         kv_transfer_config=connector_config(
-            tiers, chunk_size=CHUNK, load_mode="async", request_load_mode=True
+            tiers, chunk_size=CHUNK, load_mode="async", request_load_mode=True, **extra
         ),
         env={"VLLM_SERVER_DEV_MODE": "1"},
     )  # fmt: skip
@@ -89,7 +90,8 @@ def engines(toy_model: Path, workdir: Path) -> Iterator[dict[str, VLLMServer]]:
     tiers = [f"file://{workdir / 'hybrid-kv'}?size=1GiB"]
     servers = {
         "engine-a": file_engine(toy_model, workdir, "engine-a"),
-        "engine-b": file_engine(toy_model, workdir, "engine-b"),
+        # B serves turn two with the opt-in wait at a step's end for a load about to finish
+        "engine-b": file_engine(toy_model, workdir, "engine-b", load_finish_wait=1.0),
         "hybrid": launch_engine(
             hybrid_model(toy_model, workdir), workdir, "hybrid", max_model_len=4096,
             kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),

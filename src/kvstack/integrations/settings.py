@@ -95,14 +95,14 @@ class ConnectorSettings(Section):
         "worker before any of it runs)",
     )
     load_finish_wait: float = Field(
-        default=0.25,
+        default=0.0,
         ge=0,
         le=1,
-        description="at the end of a step, wait for an asynchronous load this worker predicts "
-        "will end within the wait, so that vLLM schedules its request a step sooner: at most "
-        "this fraction of a typical step, and at most a step divided by the requests stepping "
-        "(what they pay is then at most what the loading request saves); each load once; "
-        "0: never wait",
+        description="opt-in: at the end of a step, wait for an asynchronous load this worker "
+        "predicts will end within the wait, so that vLLM schedules its request a step sooner: "
+        "at most this fraction of a typical step (0.25 keeps a step within 1.25x), and at most "
+        "a step divided by the requests stepping; each load once. Off by default: it stalls "
+        "the batch, if boundedly, and on vLLM's CPU build no wait caught its load",
     )
     load_threads: int = Field(
         default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"

@@ -201,6 +201,8 @@ def test_the_worker_times_its_steps_with_requests_stepping_and_its_loads_fetches
     side: tuple[WorkerSide, torch.Tensor],
 ) -> None:
     worker, _ = side
+    assert worker.finish_wait.cap == 0.0  # opt-in: nothing waits by default
+    worker.finish_wait.cap = 0.25
     worker.prepare_step(KVStackMetadata(step=1, stepping=0))  # nothing computes: not timed
     worker.get_finished()
     assert worker.finish_wait.step_seconds is None
