@@ -294,3 +294,41 @@ def test_a_work_dir_that_does_not_exist_yet_is_created(tmp_path: Path) -> None:
     fresh = vllm._work_dir(argparse.Namespace(work_dir=None))
     assert fresh.is_dir() and fresh != asked
     fresh.rmdir()
+
+
+def test_the_interference_finish_wait_goes_to_every_kvstack_arm_and_only_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kvstack.bench.micro import vllm_interference as bench
+
+    configs: dict[str, dict[str, Any] | None] = {}
+
+    class _Engines:
+        work, max_model_len = tmp_path, 16384
+
+        @contextlib.contextmanager
+        def engine(self, name: str, config: dict[str, Any] | None, args: Any) -> Iterator[str]:
+            configs[name] = config
+            yield name
+
+    round_ = {"ttft_s": 1.0, "engine_ttft_s": 1.0}
+    monkeypatch.setattr(bench, "_redis", lambda work: contextlib.nullcontext("redis://x"))
+    monkeypatch.setattr(bench, "_store", lambda *a: None)
+    monkeypatch.setattr(bench._Arm, "__call__", lambda self, e, before: {"rounds": [round_]})
+    monkeypatch.setattr(
+        bench._Arm,
+        "paired",
+        lambda self, e, before, p: ({"rounds": [round_]}, {"rounds": [round_]}),
+    )
+    monkeypatch.setattr(bench, "scrape", lambda e: "")
+    monkeypatch.setattr(bench, "metric_value", lambda e, name: 0.0)
+    monkeypatch.setattr(bench, "completion", lambda *a: None)
+    prompts = lambda n: [1] * n  # noqa: E731
+    bench.interference(_Engines(), prompts, 512, 1, 0.1, lambda d: 0, 0.0, 0.25)  # type: ignore[arg-type]
+    extra = {n: (c or {}).get("kv_connector_extra_config", {}) for n, c in configs.items()}
+    kvstack_arms = {"file-paired", "file-auto", "redis-paired", "redis-auto"}
+    assert {n for n, e in extra.items() if e.get("load_finish_wait") == 0.25} == kvstack_arms
+    configs.clear()
+    bench.interference(_Engines(), prompts, 512, 1, 0.1, lambda d: 0, 0.0, 0.0)  # type: ignore[arg-type]
+    assert not any("load_finish_wait" in (c or {}).get("kv_connector_extra_config", {})
+                   for c in configs.values())  # fmt: skip

@@ -276,6 +276,14 @@ def run(argv: list[str]) -> int:
         "quiet window) to measure ITL while an async load is in flight; 0 (default): no "
         "scrapes, which cost a small host's API server most of a core at 0.05",
     )
+    parser.add_argument(
+        "--finish-wait",
+        type=float,
+        default=0.0,
+        help="--scenario interference: the connector's load_finish_wait on every kvstack arm "
+        "(the opt-in bounded wait at a step's end for a load about to finish); 0 (default): "
+        "the connector's default, off",
+    )
     args = parser.parse_args(argv)
     started = time.time()
     args.prompt_tokens = args.prompt_tokens or (2048 if args.quick else 8192)

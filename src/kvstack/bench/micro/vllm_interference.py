@@ -31,7 +31,9 @@ asynchronous, also while it is in flight: from the send to the scrape of ``/metr
 request's own first step. The polling is off by default: on a 2-core host one scrape of a
 vLLM ``/metrics`` (with the fine ITL buckets) took the API server 45-70 ms, on the core where
 the engine core and kvstack's load threads run too, so 20 scrapes a second slowed exactly the
-asynchronous arm's fetch, and at 2K prefixes no poll ever caught a load in flight anyway. The
+asynchronous arm's fetch, and at 2K prefixes no poll ever caught a load in flight anyway.
+``--finish-wait`` sets the connector's opt-in ``load_finish_wait`` on every kvstack arm alike;
+each result's load breakdown counts the waits and the loads they caught. The
 latencies are the engine's own: vLLM's ``vllm:inter_token_latency_seconds`` histogram, given
 fine buckets (:func:`~.vllm_harness.fine_itl_buckets`) and read before and after each window,
 times every token by the engine core's timestamp of the step that made it. The gaps between
@@ -106,8 +108,10 @@ def interference(
     quiet_s: float,
     drop_page_cache: Callable[[Path], int],
     poll_s: float = 0.0,
+    finish_wait: float = 0.0,
 ) -> dict[str, Any]:
-    """The scenario's result; ``poll_s``: the in-flight window's scrape interval (0: none)."""
+    """The scenario's result; ``poll_s``: the in-flight window's scrape interval (0: none);
+    ``finish_wait``: every kvstack arm's ``load_finish_wait`` (0: the default, off)."""
     prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
     paired = [prompts(prefix_tokens) for _ in range(rounds)]  # the async rounds beside sync's
     warm = [prompts(prefix_tokens) for _ in WARM_MODES]  # every engine's unmeasured rounds
@@ -124,6 +128,7 @@ def interference(
         resident = drop_page_cache(kv_dir)
         results["page_cache_after_drop_bytes"] = resident
         run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len, warm, poll_s)
+        extra: dict[str, Any] = {"load_finish_wait": finish_wait} if finish_wait else {}
         with engines.engine("recompute", None, itl_engine_args()) as e:
             results["recompute"] = run(e, lambda: None)
         with engines.engine("vllm-hit", None, itl_engine_args()) as e:
@@ -135,15 +140,16 @@ def interference(
                 (lambda: drop_page_cache(kv_dir)) if tier == "file" else (lambda: None)
             )
             config = connector_config(
-                [url], chunk_size=CHUNK_TOKENS, load_mode="async", request_load_mode=True
-            )
+                [url], chunk_size=CHUNK_TOKENS, load_mode="async", request_load_mode=True,
+                **extra,
+            )  # fmt: skip
             with engines.engine(f"{tier}-paired", config, itl_engine_args()) as e:
                 sync, asynchronous = run.paired(e, before, paired)
                 breakdown = _load_breakdown(scrape(e))
             sync["load_breakdown"] = asynchronous["load_breakdown"] = breakdown
             asynchronous |= _paired_ratios(asynchronous["rounds"], sync["rounds"])
             results[f"{tier}/sync"], results[f"{tier}/async"] = sync, asynchronous
-            config = connector_config([url], chunk_size=CHUNK_TOKENS, load_mode="auto")
+            config = connector_config([url], chunk_size=CHUNK_TOKENS, load_mode="auto", **extra)
             with engines.engine(f"{tier}-auto", config, itl_engine_args()) as e:
                 results[f"{tier}/auto"] = run(e, before)
                 results[f"{tier}/auto"]["cost_sync_loads"] = metric_value(
