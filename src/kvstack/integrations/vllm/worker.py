@@ -13,15 +13,15 @@ Per step (vLLM's model runner)::
       save_kv_layer(l)         layer l's pages of newly completed chunks are copied out
     wait_for_save(meta)        the rest of the copy-out (:mod:`.saves`); publishing to the tiers
                                happens on the save thread
-    get_finished(ids)          receives that ended (done, failed or timed out), after a
-                               bounded wait for a load about to end (:mod:`.finish_wait`);
-                               finished requests whose copy-outs are over, so vLLM frees
-                               their blocks
+    get_finished(ids)          receives that ended (done, failed or timed out), after an
+                               opt-in bounded wait for a load about to end
+                               (:mod:`.finish_wait`); finished requests whose copy-outs are
+                               over, so vLLM frees their blocks
     get_block_ids_with_load_errors()   blocks that did not load: vLLM recomputes them
 
 Chunks that cannot be loaded (evicted, corrupt, a tier down or too slow) are never used: their
 blocks are reported and recomputed. Nothing on the step waits for a slow tier, beyond
-the bounded wait at its end.
+the opt-in bounded wait at its end.
 """
 
 from __future__ import annotations
