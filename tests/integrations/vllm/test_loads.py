@@ -320,13 +320,19 @@ def test_a_deferred_load_timed_out_hands_over_nothing_and_gets_its_buffers_back(
     loader.close()
 
 
-def test_a_step_end_waits_for_a_load_predicted_to_finish_within_its_budget(kv: KVCache) -> None:
+def stalled_load(kv: KVCache) -> tuple[AsyncLoader, _Gate, torch.Tensor]:
+    """A loader whose one load (chunk 0 into blocks 5 and 9) is reading a stalled tier."""
     kv.put_chunks(KEYS[:1], [chunk_of(1)])
     gate = _Gate(kv, KEYS[0])
     paged, memory = paged_kv()
     loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
     loader.submit(request([[5, 9]]))
     assert gate.entered.wait(5)
+    return loader, gate, memory
+
+
+def test_a_step_end_waits_for_a_load_predicted_to_finish_within_its_budget(kv: KVCache) -> None:
+    loader, gate, memory = stalled_load(kv)
     assert loader.wait_near(5.0, 100.0) == (0, 0), "predicted to end long after the budget"
     threading.Timer(0.05, gate.release.set).start()
     began = time.monotonic()
@@ -338,12 +344,7 @@ def test_a_step_end_waits_for_a_load_predicted_to_finish_within_its_budget(kv: K
 
 
 def test_a_step_end_waits_for_a_load_once_and_no_longer_than_its_budget(kv: KVCache) -> None:
-    kv.put_chunks(KEYS[:1], [chunk_of(1)])
-    gate = _Gate(kv, KEYS[0])
-    paged, _ = paged_kv()
-    loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
-    loader.submit(request([[5, 9]]))
-    assert gate.entered.wait(5)
+    loader, gate, _ = stalled_load(kv)
     began = time.monotonic()
     assert loader.wait_near(0.1, 0.0) == (1, 0)  # the tier stalls: the budget runs out
     assert time.monotonic() - began >= 0.1
