@@ -328,11 +328,10 @@ class WorkerSide:
         """At most ``finish_wait.budget()`` for the loads predicted to end within it."""
         now = time.monotonic()
         self.finish_wait.step_ended(now)
-        per_chunk = self.finish_wait.seconds_per_chunk
-        if per_chunk is None or not self.loader.num_pending:
-            return
-        budget = self.finish_wait.budget()
-        if budget <= 0:
+        if self.finish_wait.cap <= 0 or not self.loader.num_pending:
+            return  # off (the default), or nothing to wait for: no medians on the step
+        budget, per_chunk = self.finish_wait.budget(), self.finish_wait.seconds_per_chunk
+        if budget <= 0 or per_chunk is None:
             return
         waited, done = self.loader.wait_near(budget, per_chunk)
         if waited:
