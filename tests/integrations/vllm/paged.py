@@ -54,6 +54,21 @@ class CountingCache:
         return int(self.kv.get_chunks_into(keys, outs))
 
 
+class StalledCache:
+    """Wraps a cache so that reads wait until ``release`` is set (a tier answering late): reads
+    of ``key`` only, or every read where ``key`` is None."""
+
+    def __init__(self, kv: Any, key: Any = None) -> None:
+        self.kv, self.key = kv, key
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def get_chunks_into(self, keys: Sequence[Any], outs: Sequence[torch.Tensor]) -> int:
+        if self.key is None or self.key in keys:
+            self.entered.set()
+            self.release.wait(10)
+        return int(self.kv.get_chunks_into(keys, outs))
+
+
 def chunk_of(value: int) -> torch.Tensor:
     """A chunk whose every page byte says which chunk and layer it is."""
     out = torch.empty(SHAPE, dtype=torch.uint8)

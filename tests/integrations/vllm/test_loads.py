@@ -14,7 +14,14 @@ from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
 from kvstack.integrations.vllm.streams import Completion, InlineStream, ThreadStream
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
-from tests.integrations.vllm.paged import SHAPE, CountingCache, cache, chunk_of, paged_kv
+from tests.integrations.vllm.paged import (
+    SHAPE,
+    CountingCache,
+    StalledCache,
+    cache,
+    chunk_of,
+    paged_kv,
+)
 
 KEYS = [ChunkKey(bytes([i]) * 16) for i in range(4)]
 
@@ -86,23 +93,9 @@ def test_a_missing_chunk_fails_its_blocks_and_every_later_one(kv: KVCache) -> No
     loader.close()
 
 
-class _Gate:
-    """Wraps a cache so that reads of one key block until released (a stalled tier)."""
-
-    def __init__(self, kv: KVCache, key: ChunkKey) -> None:
-        self.kv, self.key = kv, key
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
-        if self.key in keys:
-            self.entered.set()
-            self.release.wait(10)
-        return self.kv.get_chunks_into(keys, outs)
-
-
 def test_a_timed_out_load_is_reported_and_never_written_afterwards(kv: KVCache) -> None:
     kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-    gate = _Gate(kv, KEYS[1])
+    gate = StalledCache(kv, KEYS[1])
     paged, memory = paged_kv()
     loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 0.2, 1)  # type: ignore[arg-type]
     loader.submit(request([[0, 1], [2, 3]]))
@@ -210,7 +203,7 @@ def test_a_timed_out_load_counts_the_write_in_flight_once_it_lands(kv: KVCache) 
     """At the deadline a write already started finishes before the blocks are reported: its
     chunk counts as loaded, and nothing is written after the report."""
     kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-    gate, stream = _Gate(kv, KEYS[1]), _HeldStream()
+    gate, stream = StalledCache(kv, KEYS[1]), _HeldStream()
     paged, memory = paged_kv()
     loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, stream, 1, 0.3, 1)  # type: ignore[arg-type]
     loader.submit(request([[0, 1], [2, 3]]))
@@ -302,7 +295,7 @@ def test_a_deferred_load_timed_out_hands_over_nothing_and_gets_its_buffers_back(
     kv: KVCache,
 ) -> None:
     kv.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-    gate = _Gate(kv, KEYS[1])
+    gate = StalledCache(kv, KEYS[1])
     paged, memory = paged_kv()
     loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 0.2, 1, 4)  # type: ignore[arg-type]
     loader.submit(request([[0, 1], [2, 3]]))
@@ -320,10 +313,10 @@ def test_a_deferred_load_timed_out_hands_over_nothing_and_gets_its_buffers_back(
     loader.close()
 
 
-def stalled_load(kv: KVCache) -> tuple[AsyncLoader, _Gate, torch.Tensor]:
+def stalled_load(kv: KVCache) -> tuple[AsyncLoader, StalledCache, torch.Tensor]:
     """A loader whose one load (chunk 0 into blocks 5 and 9) is reading a stalled tier."""
     kv.put_chunks(KEYS[:1], [chunk_of(1)])
-    gate = _Gate(kv, KEYS[0])
+    gate = StalledCache(kv, KEYS[0])
     paged, memory = paged_kv()
     loader = AsyncLoader(gate, SHAPE, 0, lambda: paged, InlineStream(), 1, 10.0, 1)  # type: ignore[arg-type]
     loader.submit(request([[5, 9]]))

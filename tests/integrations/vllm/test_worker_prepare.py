@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -20,7 +20,14 @@ from kvstack.integrations.vllm.scheduler import KVStackMetadata
 from kvstack.integrations.vllm.worker import WorkerSide
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
-from tests.integrations.vllm.paged import CHUNK, CountingCache, allocation, chunk_of, layout
+from tests.integrations.vllm.paged import (
+    CHUNK,
+    CountingCache,
+    StalledCache,
+    allocation,
+    chunk_of,
+    layout,
+)
 
 KEYS = [ChunkKey(bytes([i + 1]) * 16) for i in range(2)]
 
@@ -157,24 +164,12 @@ def test_a_step_whose_metadata_was_not_prepared_starts_its_loads_at_start(
     assert torch.equal(memory[:, [3, 4]], chunk_of(2))
 
 
-class _Stalled:
-    """A cache whose reads wait until ``release`` is set (a tier answering late)."""
-
-    def __init__(self, kv: object) -> None:
-        self.kv, self.entered, self.release = kv, threading.Event(), threading.Event()
-
-    def get_chunks_into(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> int:
-        self.entered.set()
-        self.release.wait(10)
-        return int(self.kv.get_chunks_into(keys, outs))  # type: ignore[attr-defined]
-
-
 @pytest.mark.parametrize("cap", [0.25, 0.0])
 def test_a_step_reports_a_load_that_ends_within_its_bounded_wait(
     side: tuple[WorkerSide, torch.Tensor], monkeypatch: pytest.MonkeyPatch, cap: float
 ) -> None:
     worker, memory = side
-    stalled = _Stalled(worker.loader._cache)
+    stalled = StalledCache(worker.loader._cache)
     monkeypatch.setattr(worker.loader, "_cache", stalled)
     worker.finish_wait.cap = cap
     worker.finish_wait.step_began(1, 0.0)  # steps of a second, one request stepping,
