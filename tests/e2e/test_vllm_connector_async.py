@@ -22,6 +22,7 @@ from typing import Any
 import openai
 import pytest
 
+from kvstack.bench.micro.vllm_harness import DecodeStreams
 from kvstack.bench.micro.vllm_probe import reset_prefix_cache
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers import make_tier
@@ -48,6 +49,8 @@ LOADED = "kvstack_connector_load_tokens_total"
 FAILED = "kvstack_connector_load_failed_chunks_total"
 HITS = "kvstack_connector_hit_tokens_total"
 STEP_LOADS = "kvstack_connector_load_seconds_count"  # steps that waited for loads within them
+QUIET_STEPS = "kvstack_connector_step_interval_seconds_count"
+LOADING_STEPS = "kvstack_connector_loading_step_interval_seconds_count"
 
 
 def prompt(length: int, seed: int) -> list[int]:
@@ -159,6 +162,26 @@ def test_an_async_load_computes_exactly_what_vllms_own_hit_computes(
         for victim in mine:
             tier.remove(_key(victim))
         tier.close()
+
+
+def test_the_steps_beside_an_async_load_are_timed_apart_from_the_others(
+    engine_a: VLLMServer, workdir: Path
+) -> None:
+    tokens = prompt(4 * CHUNK + 50, seed=7)
+    computed_twice(engine_a, tokens, workdir)
+    quiet, loading = metric_total(engine_a, QUIET_STEPS), metric_total(engine_a, LOADING_STEPS)
+    loads = metric_total(engine_a, ASYNC_LOADS)
+    reset_prefix_cache(engine_a)
+    # One decode steps beside the load (the engine runs a tiny model's 3,500 tokens in seconds,
+    # so the load starts at once), and stops when this block ends.
+    with DecodeStreams(engine_a, [prompt(64, seed=8)], max_tokens=3500) as decode:
+        decode.wait_running(8)
+        generate(engine_a, tokens)
+        assert metric_total(engine_a, "vllm:num_requests_running") >= 1, "the decode ended first"
+        assert not decode.errors()
+    assert wait_metric(engine_a, ASYNC_LOADS, loads + 1) == loads + 1
+    assert wait_metric(engine_a, LOADING_STEPS, loading + 1) >= loading + 1
+    assert metric_total(engine_a, QUIET_STEPS) > quiet
 
 
 def test_a_request_may_ask_for_its_load_within_the_step(

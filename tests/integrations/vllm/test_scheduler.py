@@ -155,8 +155,8 @@ def test_generated_chunks_are_saved_and_a_background_copy_holds_the_blocks(
     assert s.request_finished(r) is True  # step 3's copy-out is not known to be over
     assert s.build_meta(output()).held == ["d"]
     s.on_worker_output(SimpleNamespace(
-        kv_connector_worker_meta=KVStackWorkerMeta(4), finished_sending={"d"},
-        invalid_block_ids=set(),
+        kv_connector_worker_meta=KVStackWorkerMeta(4), finished_recving=None,
+        finished_sending={"d"}, invalid_block_ids=set(),
     ))  # fmt: skip
     assert len(s.take_stats().data["hold_seconds"]) == 1  # type: ignore[union-attr]
     r2 = request("e", list(range(10)))
@@ -164,8 +164,8 @@ def test_generated_chunks_are_saved_and_a_background_copy_holds_the_blocks(
     s.after_alloc(r2, [7, 8, 9], 0)
     s.build_meta(output([new_req("e", [7, 8, 9], 0)], scheduled={"e": 9}))  # step 5 saves
     s.on_worker_output(SimpleNamespace(
-        kv_connector_worker_meta=KVStackWorkerMeta(5), finished_sending=None,
-        invalid_block_ids=set(),
+        kv_connector_worker_meta=KVStackWorkerMeta(5), finished_recving=None,
+        finished_sending=None, invalid_block_ids=set(),
     ))  # fmt: skip
     assert s.request_finished(r2) is False  # its copy-out is over: blocks free at once
     s.close()
@@ -200,7 +200,7 @@ def _report_step(s: SchedulerSide, samples: Sequence[LoadSample] = ()) -> None:
     """The worker's report of the scheduler's latest step, with these load timings."""
     s.on_worker_output(SimpleNamespace(
         kv_connector_worker_meta=KVStackWorkerMeta(s.step, s.step, list(samples)),
-        finished_sending=None, invalid_block_ids=set(),
+        finished_recving=None, finished_sending=None, invalid_block_ids=set(),
     ))  # fmt: skip
 
 
@@ -372,3 +372,56 @@ def test_a_request_sets_its_own_load_mode_where_the_engine_allows_it(
     closed.on_new_request(r)
     assert matched(closed, r) == (24, True)
     closed.close()
+
+
+def test_step_intervals_of_continuing_requests_are_split_by_loads_in_flight(
+    store: tuple[Store, str],
+) -> None:
+    answers, engine = store
+    answers.stored = 2
+    s = side(engine, load_mode="async")
+    decoding = {"d": 1}
+
+    def step(scheduled: dict[str, int] = decoding) -> None:
+        s.build_meta(output(scheduled=scheduled))
+        time.sleep(0.002)
+
+    step()
+    step()  # d ran in both: a quiet interval
+    r = request("a", list(range(20)))
+    s.on_new_request(r)
+    assert matched(s, r) == (16, True)
+    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    step()  # quiet: no load was in flight at the last step's start; a's load starts now
+    step()  # in flight
+    s.on_worker_output(SimpleNamespace(
+        kv_connector_worker_meta=None, finished_recving={"a"}, finished_sending=None,
+        invalid_block_ids=None,
+    ))  # fmt: skip
+    step()  # the step that began with a's load in flight, which it reported done
+    step()  # quiet again
+    step({"e": 16})  # no request ran in both: not an inter-token gap
+    step({"e": 1})
+    stats = s.take_stats()
+    assert stats is not None
+    quiet, loading = (
+        stats.data["step_interval_seconds"],
+        stats.data["loading_step_interval_seconds"],
+    )
+    assert (len(quiet), len(loading)) == (4, 2)
+    assert min(quiet + loading) >= 0.002
+    s.close()
+
+
+def test_a_finished_request_is_no_longer_counted_as_loading(store: tuple[Store, str]) -> None:
+    answers, engine = store
+    answers.stored = 2
+    s = side(engine, load_mode="async")
+    r = request("gone", list(range(20)))
+    s.on_new_request(r)
+    assert matched(s, r)[1] is True
+    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    assert s.loading == {"gone"}
+    s.request_finished(r)  # aborted while it loaded
+    assert s.loading == set()
+    s.close()

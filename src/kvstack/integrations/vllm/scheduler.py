@@ -156,6 +156,8 @@ class SchedulerSide:
         self.slow_loads: set[str] = set()  # requests loading from slower tiers, to be timed
         self.stepping = 0  # requests in the latest step with work
         self.load_modes: dict[str, str] = {}  # requests' own load modes (request_load_mode)
+        self.loading: set[str] = set()  # asynchronous loads planned and not yet reported done
+        self._last_step: tuple[float, set[str], bool] | None = None  # (at, scheduled, loading)
 
     # -- request lifecycle -----------------------------------------------------------------
     def on_new_request(self, request: Request) -> None:
@@ -181,6 +183,7 @@ class SchedulerSide:
         self.planned.pop(req_id, None)
         self.slow_loads.discard(req_id)
         self.load_modes.pop(req_id, None)
+        self.loading.discard(req_id)
         if req_id in self.starting:  # aborted before its load started: start nothing
             self.starting[req_id] = RequestIO(req_id, [])
         last_save = self.last_save_step.pop(req_id, 0)
@@ -276,6 +279,8 @@ class SchedulerSide:
             if loads is not None:
                 self.starting[req_id] = loads
         self.stats.add("async_loads" if planned.asynchronous else "sync_loads", 1)
+        if planned.asynchronous:
+            self.loading.add(req_id)
         if request.num_preemptions > 0:
             self.stats.add("preemption_recoveries", 1)
             self.stats.add("preemption_recovered_tokens", num_external)
@@ -284,6 +289,7 @@ class SchedulerSide:
     def build_meta(self, out: SchedulerOutput) -> KVStackMetadata:
         self.step += 1
         self.stepping = len(out.num_scheduled_tokens)
+        self._time_step(out)
         if self.stepping:
             self.cost.step_scheduled(self.step, time.monotonic())
         meta = KVStackMetadata(
@@ -313,6 +319,18 @@ class SchedulerSide:
             after = self._computed_after(tracker, cached.num_computed_tokens[i], out, spec)
             self._take(tracker, after, meta)
         return meta
+
+    def _time_step(self, out: SchedulerOutput) -> None:
+        """The time since the last step, where a request ran in both: a decode's inter-token
+        latency (a long prompt's chunk to chunk), split by whether an asynchronous load was in
+        flight at the last step's start (planned, not yet reported done). vLLM's own ITL
+        histogram cannot tell those steps apart; these let an operator, and the interference
+        bench, see what loading off the step costs the requests beside it."""
+        now, scheduled = time.monotonic(), set(out.num_scheduled_tokens)
+        last, self._last_step = self._last_step, (now, scheduled, bool(self.loading))
+        if last is not None and not last[1].isdisjoint(scheduled):
+            name = "loading_step_interval_seconds" if last[2] else "step_interval_seconds"
+            self.stats.observe(name, now - last[0])
 
     def _computed_after(
         self,
@@ -351,6 +369,7 @@ class SchedulerSide:
                 if sample.req_id in self.slow_loads:
                     self.slow_loads.discard(sample.req_id)
                     self.cost.observe_load(sample.chunks, sample.seconds, sample.within_step)
+        self.loading.difference_update(output.finished_recving or ())
         for req_id in output.finished_sending or ():
             since = self.hold_since.pop(req_id, None)
             if since is not None:

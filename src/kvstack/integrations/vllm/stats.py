@@ -62,7 +62,22 @@ HISTOGRAMS: dict[str, str] = {
     "finish_wait_seconds": "Time a step's end waited for asynchronous loads about to finish",
     "save_seconds": "Time the engine step spent copying KV out to kvstack",
     "hold_seconds": "Extra time finished requests' blocks stayed allocated for copy-outs",
+    "step_interval_seconds": "Scheduler step to the next, both running a continuing request "
+    "(its inter-token latency when decoding), with no asynchronous load in flight",
+    "loading_step_interval_seconds": "Scheduler step to the next, both running a continuing "
+    "request, with asynchronous loads in flight: what loading off the step costs the batch",
 }
+# Step intervals get fine buckets, as percentiles of decode steps need (a CPU engine's decode
+# steps take a few ms): 0.5 ms steps to 20 ms, 2.5 ms to 50 ms, then coarser to 10 s.
+STEP_INTERVALS = ("step_interval_seconds", "loading_step_interval_seconds")
+_STEP_BUCKETS = tuple(
+    round(b, 4)
+    for b in (
+        *(n * 0.0005 for n in range(1, 41)),
+        *(0.02 + n * 0.0025 for n in range(1, 13)),
+        0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+    )
+)  # fmt: skip
 TIER_COUNTERS = (
     "hits", "misses", "bytes_read", "bytes_written",
     "evictions", "corrupt", "dropped_writes", "errors",
@@ -153,7 +168,7 @@ class KVStackPromMetrics(KVConnectorPromMetrics):
                 name=f"kvstack_connector_{name}",
                 documentation=doc,
                 labelnames=labelnames,
-                buckets=_BUCKETS,
+                buckets=_STEP_BUCKETS if name in STEP_INTERVALS else _BUCKETS,
             )
             for name, doc in HISTOGRAMS.items()
         }
