@@ -237,6 +237,48 @@ def test_the_load_breakdown_is_the_mean_of_each_timing_and_none_without_loads() 
                          "finish_waits": 2, "finish_wait_caught": 0}  # fmt: skip
 
 
+def test_the_connector_timed_steps_give_each_async_rounds_in_flight_ratio() -> None:
+    """Two scrapes of the connector's step interval histograms, as prometheus_client renders
+    them: the in-flight window's percentiles, none where nothing was timed, and the summary
+    over the rounds whose load was in flight."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from kvstack.bench.micro import vllm_interference as bench
+
+    registry = CollectorRegistry()
+    buckets = [n * 0.0005 for n in range(1, 41)]
+    quiet, loading = (
+        Histogram(name.removeprefix("kvstack_connector_"), "", ["model_name"], buckets=buckets,
+                  namespace="kvstack_connector", registry=registry).labels("m")
+        for name in (bench.QUIET_STEPS, bench.LOADING_STEPS)
+    )  # fmt: skip
+    for _ in range(10):
+        quiet.observe(0.005)
+    before = generate_latest(registry).decode()
+    for seconds in (0.006, 0.006, 0.009):
+        loading.observe(seconds)
+    after = generate_latest(registry).decode()
+    timed = bench._steps_timed(before, after, bench.LOADING_STEPS)
+    assert timed is not None and timed["samples"] == 3 and 8.5 <= timed["p99_ms"] <= 9.0
+    assert bench._steps_timed(before, after, bench.QUIET_STEPS) is None  # none in the window
+    assert bench._steps_timed("", "", bench.LOADING_STEPS) is None  # plain vLLM: no connector
+
+    def round_(in_flight_ms: float | None) -> dict[str, Any]:
+        window = {"p50_ms": 5.0, "p99_ms": 5.0, "samples": 10.0}
+        return {
+            "ttft_s": 0.05, "quiet": window, "loading": window, "in_flight": None,
+            "client_quiet": window, "client_loading": window, "steps_quiet": window,
+            "steps_in_flight": None if in_flight_ms is None
+            else {"p50_ms": in_flight_ms, "p99_ms": in_flight_ms, "samples": 2.0},
+        }  # fmt: skip
+
+    summary = bench._summary([round_(6.0), round_(None), round_(9.0)], [])
+    assert summary["steps_in_flight_rounds"] == 2  # the round whose load ran in the step: none
+    assert summary["steps_in_flight_p99_ratio"]["median"] == pytest.approx(1.5)
+    assert summary["steps_in_flight_p99_ratio"]["max"] == pytest.approx(1.8)
+    assert "steps_in_flight_p99_ratio" not in bench._summary([round_(None)], [])
+
+
 def _finished(count: int, queue_s: float, prefill_s: float) -> str:
     """A scrape holding vLLM's per-request queue and prefill time histograms."""
     lines = []

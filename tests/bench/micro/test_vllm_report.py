@@ -183,6 +183,23 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert 'there is no "in flight" window' in text and "scraped every" not in text
     del res["args"]
 
+    # the connector's own step timing: the in-flight column without scrapes during a load
+    res["args"] = {"poll_s": 0.0}
+    res["file/async"] |= {
+        "steps_in_flight_p99_ratio": {"median": 1.3, "min": 1.1, "max": 2.0, "n": 2},
+        "steps_in_flight_rounds": 2,
+    }
+    text, row = _rendered(tmp_path / "connector-timed", res, "file/async")
+    assert row.split("|")[6].strip() == "1.30× (1.10×–2.00×)"  # not the polled 1.10×
+    assert (
+        "decode steps while the load was in flight 1.30× before, timed by the connector "
+        "(2 rounds)" in row
+    )
+    assert "timed by the connector's scheduler side" in text and 'no "in flight"' not in text
+    assert "ITL p99 ≤ 1.25× before: **missed**" in row  # the bar stays on the whole window
+    del res["args"], res["file/async"]["steps_in_flight_p99_ratio"]
+    del res["file/async"]["steps_in_flight_rounds"]
+
     # sync and async sharing one engine: the ratio of each pair of rounds, and its spread
     res["file/async"]["ttft_vs_sync"] = {"median": 1.08, "min": 0.9, "max": 1.3, "n": 3}
     text, row = _rendered(tmp_path / "paired", res, "file/async")

@@ -254,14 +254,14 @@ def itl_engine_args() -> list[str]:
     return ["--custom-histogram-buckets", json.dumps({"inter_token_latency": fine_itl_buckets()})]
 
 
-def itl_counts(server: VLLMServer | str) -> dict[float, float]:
+def itl_counts(server: VLLMServer | str, metric: str = ITL_METRIC) -> dict[float, float]:
     """The engine's cumulative ITL histogram now (or in a :func:`scrape`'s text): upper bound
     -> observations at or below it (summed over label sets). vLLM times each token with the
     engine core's own timestamp of the step that made it, so these gaps are the engine's, not
     the HTTP stream's: a client that reads two tokens from one network read saw a 0 ms gap
-    where the engine took a step."""
+    where the engine took a step. ``metric``: another histogram read the same way."""
     counts: dict[float, float] = {}
-    for sample in _samples(server, f"{ITL_METRIC}_bucket"):
+    for sample in _samples(server, f"{metric}_bucket"):
         bound = float(sample.labels["le"])
         counts[bound] = counts.get(bound, 0.0) + sample.value
     return counts

@@ -19,6 +19,7 @@ from kvstack.models.toy import SMALL, TINY
 __all__ = [
     "BAR_OVERHEAD_PCT",
     "INTERFERENCE_ARMS",
+    "in_flight_key",
     "newest_scenario",
     "overhead_verdict",
     "pct",
@@ -152,6 +153,13 @@ def _async_targets(res: dict[str, Any], arm: str) -> str:
     a, sync = res[arm], res.get(f"{tier}/sync")
     cells = [target(a["p99_ratio"]["median"] <= BAR_ASYNC_ITL_P99,
                     f"ITL p99 ≤ {BAR_ASYNC_ITL_P99:g}× before")]  # fmt: skip
+    steps = a.get("steps_in_flight_p99_ratio")
+    if steps is not None:  # context beside the bar: the window without the loader's own step
+        rounds = a["steps_in_flight_rounds"]
+        cells.append(
+            f"decode steps while the load was in flight {times(steps['median'])} before, "
+            f"timed by the connector ({rounds} rounds)"
+        )
     paired, engine = a.get("ttft_vs_sync"), a.get("engine_ttft_vs_sync")
     if paired is not None:  # rounds alternating with sync's on one engine: pair by pair
         # the engine's own TTFT where the result has it, the client's beside it
@@ -197,7 +205,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
             f"{num(a['quiet_p50_ms']['median'])} / {num(a['quiet_p99_ms']['median'])}",
             f"{num(a['loading_p50_ms']['median'])} / {num(a['loading_p99_ms']['median'])}",
             _spread(a["p99_ratio"], times),
-            _spread(a["in_flight_p99_ratio"], times) if "in_flight_p99_ratio" in a else "",
+            _spread(a[key], times) if (key := in_flight_key(a)) else "",
             _steps(a, res.get("decodes", 4)),
             _load_time(a.get("load_breakdown")),
             str(len(a.get("errors", []))),
@@ -232,8 +240,27 @@ def _a(count: int) -> str:
     return f"{'an' if vowel else 'a'} {said}"
 
 
+def in_flight_key(arm: dict[str, Any]) -> str | None:
+    """The arm's in-flight ratio: the connector's step timing where the result has it, else
+    the polled window's."""
+    for key in ("steps_in_flight_p99_ratio", "in_flight_p99_ratio"):
+        if key in arm:
+            return key
+    return None
+
+
 def _in_flight(res: dict[str, Any]) -> str:
-    """How the in-flight window was found: results before ``--poll-s`` scraped every 50 ms."""
+    """How the in-flight window was found: the connector's step timing (newer results), or
+    scrapes every ``--poll-s`` (results before it scraped every 50 ms)."""
+    if any("steps_in_flight_p99_ratio" in res.get(a, {}) for a in INTERFERENCE_ARMS):
+        return ("\"In flight\" is timed by the connector's scheduler side: the intervals "
+                "between engine steps that both ran a decode, with an asynchronous load in "
+                "flight (planned and not yet reported done), over the same intervals in the "
+                "quiet window before (their p99 each, the median of the rounds' ratios; the "
+                "rounds whose load was asynchronous). vLLM's own ITL histogram cannot split "
+                "its steps so; the loader's own first step is not in that window. `/metrics` "
+                "was not scraped during the rounds (each scrape costs a small host's API "
+                "server tens of ms). ")  # fmt: skip
     poll_s = res.get("args", {}).get("poll_s", 0.05)
     if poll_s > 0:
         every = f"{poll_s * 1000:.0f} ms"
