@@ -177,10 +177,12 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert "`/metrics`, scraped every 50 ms" in text  # results from before --poll-s
     assert "loads an 8,192-token prefix" in text
 
+    assert "load_finish_wait" not in text  # the wait was off: nothing said
     # without scrapes during the rounds (--poll-s 0), no in-flight window is claimed
-    res["args"] = {"poll_s": 0.0}
+    res["args"] = {"poll_s": 0.0, "finish_wait": 0.25}
     text, _ = _rendered(tmp_path / "unpolled", res, "file/async")
     assert 'there is no "in flight" window' in text and "scraped every" not in text
+    assert "ran with `load_finish_wait: 0.25`" in text
     del res["args"]
 
     # the connector's own step timing: the in-flight column without scrapes during a load

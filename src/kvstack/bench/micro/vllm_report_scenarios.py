@@ -220,6 +220,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
         f"prefix, runs in their batch), `auto` the default load mode (it picks sync or async "
         f"by measured cost). "
         + _pairing(res)
+        + _finish_wait(res)
         + _in_flight(res)
         + '"Steps" are the engine steps taken while the loader waited for its first token '
         "(the decodes' tokens in that window over the number of decodes: each decode makes "
@@ -268,6 +269,15 @@ def _in_flight(res: dict[str, Any]) -> str:
                 "first counts the asynchronous load finished. ")  # fmt: skip
     return ("`/metrics` was not scraped during the rounds (each scrape costs a small host's "
             'API server tens of ms), so there is no "in flight" window. ')  # fmt: skip
+
+
+def _finish_wait(res: dict[str, Any]) -> str:
+    """The opt-in wait at a step's end (``--finish-wait``), where the run set it."""
+    wait = res.get("args", {}).get("finish_wait", 0.0)
+    if not wait:
+        return ""
+    return (f"Every kvstack engine ran with `load_finish_wait: {wait:g}` (the opt-in wait at a "
+            "step's end for a load about to finish; off by default). ")  # fmt: skip
 
 
 def _pairing(res: dict[str, Any]) -> str:
