@@ -193,8 +193,8 @@ def test_a_request_may_ask_for_its_load_within_the_step(
     reference = computed_twice(engine_a, tokens, workdir)
     loads, in_step = metric_total(engine_a, ASYNC_LOADS), metric_total(engine_a, STEP_LOADS)
     reset_prefix_cache(engine_a)
-    sync = {"kv_transfer_params": {"kvstack": {"load_mode": "sync"}}}
-    assert generate(engine_a, tokens, **sync) == reference
+    sync = {"kvstack": {"load_mode": "sync"}}
+    assert generate(engine_a, tokens, kv_transfer_params=sync) == reference
     assert wait_metric(engine_a, STEP_LOADS, in_step + 1) >= in_step + 1
     assert metric_total(engine_a, ASYNC_LOADS) == loads
 
