@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from kvstack.stack.ports import free_port
@@ -45,8 +46,10 @@ class SentinelSet:
         with log:
             self.sentinel = subprocess.Popen([REDIS_SERVER, str(conf), "--sentinel"],
                                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        self.wait(lambda: "master_link_status:up" in self.replica.cli("INFO", "replication"))
-        self.wait(lambda: str(self.replica.port) in self._sentinel("SENTINEL", "REPLICAS", MASTER))
+        self.wait(lambda: "master_link_status:up" in self.replica.cli("INFO", "replication"),
+                  "the replica's link to the primary")  # fmt: skip
+        self.wait(lambda: str(self.replica.port) in self._sentinel("SENTINEL", "REPLICAS", MASTER),
+                  "the Sentinel seeing the replica")  # fmt: skip
         return self
 
     def _sentinel(self, *args: str) -> str:
@@ -68,14 +71,14 @@ class SentinelSet:
             info = self.replica.cli("INFO", "replication")
             return int(info.partition("slave_repl_offset:")[2].split()[0]) >= target
 
-        self.wait(caught_up)
+        self.wait(caught_up, f"the replica reaching replication offset {target}")
 
     @staticmethod
-    def wait(check: object, timeout_s: float = 20.0) -> None:
-        assert callable(check)
+    def wait(check: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+        """Until ``check()``; fails naming ``what`` it waited for."""
         deadline = time.monotonic() + timeout_s
         while not check():
-            assert time.monotonic() < deadline, "Valkey setup did not get ready"
+            assert time.monotonic() < deadline, f"Valkey setup: no {what} within {timeout_s:g} s"
             time.sleep(0.05)
 
     def stop(self) -> None:
