@@ -19,6 +19,7 @@ import pytest
 
 from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
+from tests.router.scrape import metric_sum, wait_health
 
 pytestmark = pytest.mark.slow
 
@@ -136,15 +137,10 @@ def test_killed_engine_loses_no_request_that_had_not_started_streaming(fleet: Si
         os.kill(victim.pid, signal.SIGKILL)
         results = [f.result(timeout=60) for f in futures]
     assert results == [120] * 12
-    with httpx.Client() as http:
-        health = http.get(f"{fleet.router_url}/health").json()
-        metrics = http.get(f"{fleet.router_url}/metrics").text
+    health = httpx.get(f"{fleet.router_url}/health").json()
     assert health["backends"][victim_url]["usable"] is False
     # Not vacuous: requests were running on the victim and were retried elsewhere.
-    retried = [
-        line for line in metrics.splitlines() if line.startswith("kvstack_router_retries_total")
-    ]
-    assert sum(float(line.rsplit(" ", 1)[1]) for line in retried) >= 1, retried
+    assert metric_sum(fleet.router_url, "kvstack_router_retries_total") >= 1
 
 
 def test_health_is_503_when_all_engines_are_down_and_recovers(fleet: SimFleet) -> None:
@@ -152,34 +148,19 @@ def test_health_is_503_when_all_engines_are_down_and_recovers(fleet: SimFleet) -
     try:
         for proc in alive:  # a hung engine answers nothing, health checks time out
             os.kill(proc.pid or 0, signal.SIGSTOP)
-        assert _wait_health(fleet.router_url, 503)
+        assert wait_health(fleet.router_url, 503)
     finally:
         for proc in alive:
             os.kill(proc.pid or 0, signal.SIGCONT)
-    assert _wait_health(fleet.router_url, 200)
+    assert wait_health(fleet.router_url, 200)
     done = fleet.client().completions.create(model="sim-v2", prompt="back", max_tokens=2)
     assert done.choices[0].text
 
 
 def _wait_in_flight(router_url: str, backend: str, timeout_s: float = 30.0) -> None:
-    wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
-            if line.startswith(wanted) and float(line.rsplit(" ", 1)[1]) > 0:
-                return
+        if metric_sum(router_url, "kvstack_router_backend_in_flight", backend=backend) > 0:
+            return
         time.sleep(0.05)
     raise AssertionError(f"no request in flight on {backend}")
-
-
-def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client() as http:
-        while time.monotonic() < deadline:
-            try:
-                if http.get(f"{url}/health", timeout=5).status_code == status:
-                    return True
-            except httpx.TimeoutException:
-                pass  # a loaded machine: ask again
-            time.sleep(0.1)
-    return False

@@ -27,6 +27,7 @@ from kvstack.sim.server import FleetThread, fleet_specs
 from kvstack.stack.ports import free_port, free_port_run
 from kvstack.stack.procs import ManagedProcess
 from tests.router.conftest import RunningRouter, router_config, serve_router
+from tests.router.scrape import metric_sum
 
 ENGINE_KEY = "engine-key"
 ADMIN_KEY = "admin-key"
@@ -62,12 +63,7 @@ async def router(fleet: FleetThread) -> AsyncIterator[RunningRouter]:
 
 def _hits(fleet: FleetThread) -> float:
     """vLLM's prefix-cache hit tokens summed over the fleet (``/metrics`` is open, as vLLM's)."""
-    total = 0.0
-    for url in fleet.urls:
-        for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    return sum(metric_sum(url, "vllm:prefix_cache_hits_total") for url in fleet.urls)
 
 
 async def _send(url: str, tenant: str, admin: bool = False, **body: object) -> httpx.Headers:

@@ -19,8 +19,10 @@ import pytest
 from kvstack.stack.ports import free_port
 from kvstack.stack.procs import ManagedProcess
 from kvstack.stack.vllm_server import VLLMServer, VLLMServerSpec
+from tests.router.scrape import metric_sum, wait_health
 
 pytestmark = pytest.mark.vllm
+IN_FLIGHT = "kvstack_router_backend_in_flight"
 
 
 @dataclass
@@ -141,17 +143,15 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
         assert [f.result(timeout=300) for f in futures] == [200] * 8
-    metrics = httpx.get(f"{deployment.router_url}/metrics").text
-    retried = [m for m in metrics.splitlines() if m.startswith("kvstack_router_retries_total")]
-    assert sum(float(m.rsplit(" ", 1)[1]) for m in retried) >= 1, retried
+    assert metric_sum(deployment.router_url, "kvstack_router_retries_total") >= 1
 
     assert survivor.pid is not None
     os.kill(survivor.pid, signal.SIGSTOP)  # hung: health checks time out
     try:
-        assert _wait_health(deployment.router_url, 503)
+        assert wait_health(deployment.router_url, 503)
     finally:
         os.kill(survivor.pid, signal.SIGCONT)
-    assert _wait_health(deployment.router_url, 200)
+    assert wait_health(deployment.router_url, 200)
     done = client.completions.create(model="toy", prompt="back again", max_tokens=2)
     assert done.choices[0].text is not None
 
@@ -164,33 +164,13 @@ def _freeze_busy_engine(deployment: Deployment, timeout_s: float = 30.0) -> VLLM
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for engine in deployment.engines:
-            if _in_flight(deployment.router_url, engine.url) == 0:
+            if metric_sum(deployment.router_url, IN_FLIGHT, backend=engine.url) == 0:
                 continue
             assert engine.pid is not None
             os.killpg(engine.pid, signal.SIGSTOP)
             time.sleep(0.3)  # an answer already on its way reaches the router
-            if _in_flight(deployment.router_url, engine.url) > 0:
+            if metric_sum(deployment.router_url, IN_FLIGHT, backend=engine.url) > 0:
                 return engine
             os.killpg(engine.pid, signal.SIGCONT)
         time.sleep(0.02)
     raise AssertionError("no engine held a request in flight")
-
-
-def _in_flight(router_url: str, backend: str) -> float:
-    wanted = f'kvstack_router_backend_in_flight{{backend="{backend}"}}'
-    for line in httpx.get(f"{router_url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(wanted):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def _wait_health(url: str, status: int, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == status:
-                return True
-        except httpx.TimeoutException:
-            pass  # a loaded machine: ask again
-        time.sleep(0.2)
-    return False
