@@ -91,6 +91,16 @@ def new_req(req_id: str, blocks: list[int], computed: int) -> Any:
     return SimpleNamespace(req_id=req_id, block_ids=(blocks,), num_computed_tokens=computed)
 
 
+def plan_async_load(s: SchedulerSide, req_id: str) -> Any:
+    """A 20-token request whose 2 stored chunks (16 tokens) ``s`` loads asynchronously, its
+    blocks allocated: what vLLM's scheduler does before the step's metadata."""
+    r = request(req_id, list(range(20)))
+    s.on_new_request(r)
+    assert matched(s, r) == (16, True)
+    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    return r
+
+
 def test_a_load_from_a_slow_tier_is_asynchronous_and_starts_next_step(
     store: tuple[Store, str],
 ) -> None:
@@ -126,11 +136,10 @@ def test_an_abort_before_the_load_starts_sends_an_empty_load(store: tuple[Store,
     answers, engine = store
     answers.stored = 2
     s = side(engine, load_mode="async")
-    r = request("c", list(range(20)))
-    s.on_new_request(r)
-    assert matched(s, r)[1] is True
-    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    r = plan_async_load(s, "c")
+    assert s.loading == {"c"}
     assert s.request_finished(r) is False
+    assert s.loading == set()  # no longer counted as in flight
     meta = s.build_meta(output())
     assert [(io.req_id, io.chunks) for io in meta.async_loads] == [("c", [])]  # vLLM waits for it
     s.close()
@@ -388,10 +397,7 @@ def test_step_intervals_of_continuing_requests_are_split_by_loads_in_flight(
 
     step()
     step()  # d ran in both: a quiet interval
-    r = request("a", list(range(20)))
-    s.on_new_request(r)
-    assert matched(s, r) == (16, True)
-    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
+    plan_async_load(s, "a")
     step()  # quiet: no load was in flight at the last step's start; a's load starts now
     step()  # in flight
     s.on_worker_output(SimpleNamespace(
@@ -410,18 +416,4 @@ def test_step_intervals_of_continuing_requests_are_split_by_loads_in_flight(
     )
     assert (len(quiet), len(loading)) == (4, 2)
     assert min(quiet + loading) >= 0.002
-    s.close()
-
-
-def test_a_finished_request_is_no_longer_counted_as_loading(store: tuple[Store, str]) -> None:
-    answers, engine = store
-    answers.stored = 2
-    s = side(engine, load_mode="async")
-    r = request("gone", list(range(20)))
-    s.on_new_request(r)
-    assert matched(s, r)[1] is True
-    s.after_alloc(r, [1, 2, 3, 4, 5], 16)
-    assert s.loading == {"gone"}
-    s.request_finished(r)  # aborted while it loaded
-    assert s.loading == set()
     s.close()

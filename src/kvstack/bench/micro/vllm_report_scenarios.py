@@ -250,10 +250,14 @@ def in_flight_key(arm: dict[str, Any]) -> str | None:
     return None
 
 
+def _any_arm(res: dict[str, Any], key: str) -> bool:
+    return any(key in res.get(a, {}) for a in INTERFERENCE_ARMS)
+
+
 def _in_flight(res: dict[str, Any]) -> str:
     """How the in-flight window was found: the connector's step timing (newer results), or
     scrapes every ``--poll-s`` (results before it scraped every 50 ms)."""
-    if any("steps_in_flight_p99_ratio" in res.get(a, {}) for a in INTERFERENCE_ARMS):
+    if _any_arm(res, "steps_in_flight_p99_ratio"):
         return ("\"In flight\" is timed by the connector's scheduler side: the intervals "
                 "between engine steps that both ran a decode, with an asynchronous load in "
                 "flight (planned and not yet reported done), over the same intervals in the "
@@ -283,7 +287,7 @@ def _finish_wait(res: dict[str, Any]) -> str:
 def _pairing(res: dict[str, Any]) -> str:
     """How the sync and async arms ran: one engine, rounds alternating (newer results), or an
     engine each."""
-    if any("ttft_vs_sync" in res.get(a, {}) for a in INTERFERENCE_ARMS):
+    if _any_arm(res, "ttft_vs_sync"):
         return ("Each tier's `sync` and `async` arms share one engine, their rounds alternating "
                 "(the order flipped every pair), and async's TTFT target is the median of its "
                 "ratios to the sync round of the same pair, timed by the engine where the "
