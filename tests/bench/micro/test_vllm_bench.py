@@ -374,3 +374,14 @@ def test_the_interference_finish_wait_goes_to_every_kvstack_arm_and_only_there(
     bench.interference(_Engines(), prompts, 512, 1, 0.1, lambda d: 0, 0.0, 0.0)  # type: ignore[arg-type]
     assert not any("load_finish_wait" in (c or {}).get("kv_connector_extra_config", {})
                    for c in configs.values())  # fmt: skip
+    assert not any("readers=" in str(c) for c in configs.values())
+
+    # --file-readers: the file tier's URL on the arms that load from it, and only there
+    configs.clear()
+    bench.interference(_Engines(), prompts, 512, 1, 0.1, lambda d: 0, 0.0, 0.0, 1)  # type: ignore[arg-type]
+    tiers = {n: (c or {}).get("kv_connector_extra_config", {}).get("tiers", [])
+             for n, c in configs.items()}  # fmt: skip
+    assert {n for n, t in tiers.items() if any(u.endswith("&readers=1") for u in t)} == {
+        "file-paired",
+        "file-auto",
+    }

@@ -189,7 +189,10 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     res["args"] = {"poll_s": 0.0, "finish_wait": 0.25}
     text, _ = _rendered(tmp_path / "unpolled", res, "file/async")
     assert 'there is no "in flight" window' in text and "scraped every" not in text
-    assert "ran with `load_finish_wait: 0.25`" in text
+    assert "ran with `load_finish_wait: 0.25`" in text and "readers=" not in text
+    res["args"]["file_readers"] = 1
+    text, _ = _rendered(tmp_path / "one-reader", res, "file/async")
+    assert "read with `readers=1`" in text
     del res["args"]
 
     # the connector's own step timing: the in-flight column without scrapes during a load

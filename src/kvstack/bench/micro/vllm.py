@@ -284,6 +284,13 @@ def run(argv: list[str]) -> int:
         "(the opt-in bounded wait at a step's end for a load about to finish); 0 (default): "
         "the connector's default, off",
     )
+    parser.add_argument(
+        "--file-readers",
+        type=int,
+        default=0,
+        help="--scenario interference: the file tier's reader threads (its URL's readers=) on "
+        "every kvstack arm that loads from it; 0 (default): the tier's default",
+    )
     args = parser.parse_args(argv)
     started = time.time()
     args.prompt_tokens = args.prompt_tokens or (2048 if args.quick else 8192)

@@ -33,7 +33,9 @@ vLLM ``/metrics`` (with the fine ITL buckets) took the API server 45-70 ms, on t
 the engine core and kvstack's load threads run too, so 20 scrapes a second slowed exactly the
 asynchronous arm's fetch, and at 2K prefixes no poll ever caught a load in flight anyway.
 ``--finish-wait`` sets the connector's opt-in ``load_finish_wait`` on every kvstack arm alike;
-each result's load breakdown counts the waits and the loads they caught. The
+each result's load breakdown counts the waits and the loads they caught. ``--file-readers``
+sets the file tier's reader threads on its loading arms: each is a Python thread in vLLM's
+worker process, beside the forward pass, and takes the GIL between its reads. The
 latencies are the engine's own: vLLM's ``vllm:inter_token_latency_seconds`` histogram, given
 fine buckets (:func:`~.vllm_harness.fine_itl_buckets`) and read before and after each window,
 times every token by the engine core's timestamp of the step that made it. The gaps between
@@ -124,9 +126,12 @@ def interference(
     drop_page_cache: Callable[[Path], int],
     poll_s: float = 0.0,
     finish_wait: float = 0.0,
+    file_readers: int = 0,
 ) -> dict[str, Any]:
     """The scenario's result; ``poll_s``: the in-flight window's scrape interval (0: none);
-    ``finish_wait``: every kvstack arm's ``load_finish_wait`` (0: the default, off)."""
+    ``finish_wait``: every kvstack arm's ``load_finish_wait`` (0: the default, off);
+    ``file_readers``: the loading arms' file tier reader threads (0: the tier's default). The
+    writer keeps the default: it only stores the prefixes."""
     prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
     paired = [prompts(prefix_tokens) for _ in range(rounds)]  # the async rounds beside sync's
     warm = [prompts(prefix_tokens) for _ in WARM_MODES]  # every engine's unmeasured rounds
@@ -138,7 +143,8 @@ def interference(
         "decodes": NUM_DECODES,
     }
     with _redis(engines.work) as redis_url:
-        tiers = {"file": f"file://{kv_dir}?size=40GiB", "redis": redis_url}
+        readers = f"&readers={file_readers}" if file_readers else ""
+        tiers = {"file": f"file://{kv_dir}?size=40GiB{readers}", "redis": redis_url}
         _store(engines, prefixes + paired + warm, kv_dir, redis_url)
         resident = drop_page_cache(kv_dir)
         results["page_cache_after_drop_bytes"] = resident

@@ -278,12 +278,18 @@ def _in_flight(res: dict[str, Any]) -> str:
 
 
 def _finish_wait(res: dict[str, Any]) -> str:
-    """The opt-in wait at a step's end (``--finish-wait``), where the run set it."""
-    wait = res.get("args", {}).get("finish_wait", 0.0)
-    if not wait:
-        return ""
-    return (f"Every kvstack engine ran with `load_finish_wait: {wait:g}` (the opt-in wait at a "
-            "step's end for a load about to finish; off by default). ")  # fmt: skip
+    """The opt-in wait at a step's end (``--finish-wait``) and the file tier's reader threads
+    (``--file-readers``), where the run set them."""
+    args = res.get("args", {})
+    wait, readers = args.get("finish_wait", 0.0), args.get("file_readers", 0)
+    said = ""
+    if wait:
+        said += (f"Every kvstack engine ran with `load_finish_wait: {wait:g}` (the opt-in wait "
+                 "at a step's end for a load about to finish; off by default). ")  # fmt: skip
+    if readers:
+        said += (f"The file tier's engines read with `readers={readers}` (threads in vLLM's "
+                 "worker process; the tier's default is 4). ")  # fmt: skip
+    return said
 
 
 def _pairing(res: dict[str, Any]) -> str:
