@@ -130,7 +130,7 @@ async def test_routers_and_peers_ride_through_a_failover(
             assert n == len(tokens_a) and got is not None
             assert (await asyncio.to_thread(cache_b.lookup, tokens_b)) == 0
             await asyncio.to_thread(sentinel.wait, lambda: sentinel.primary_port() ==
-                                    sentinel.replica.port)  # fmt: skip
+                                    sentinel.replica.port, "the Sentinel promoting the replica")  # fmt: skip
             await until_ok(http, router.url)
             stop.set()
             statuses = await load
@@ -144,7 +144,7 @@ async def test_routers_and_peers_ride_through_a_failover(
             assert announcer is not None
             reports = announcer.reports
             await asyncio.to_thread(  # a heartbeat is due every 0.2 s
-                sentinel.wait, lambda: announcer.reports > reports
+                sentinel.wait, lambda: announcer.reports > reports, "an announcer heartbeat"
             )
     finally:
         cache_b.close()
