@@ -129,8 +129,8 @@ async def test_routers_and_peers_ride_through_a_failover(
             got, n = await asyncio.to_thread(cache_b.retrieve, tokens_a)
             assert n == len(tokens_a) and got is not None
             assert (await asyncio.to_thread(cache_b.lookup, tokens_b)) == 0
-            await asyncio.to_thread(sentinel.wait, lambda: sentinel.primary_port() ==
-                                    sentinel.replica.port, "the Sentinel promoting the replica")  # fmt: skip
+            promoted = lambda: sentinel.primary_port() == sentinel.replica.port  # noqa: E731
+            await asyncio.to_thread(sentinel.wait, promoted, "the Sentinel promoting the replica")
             await until_ok(http, router.url)
             stop.set()
             statuses = await load
