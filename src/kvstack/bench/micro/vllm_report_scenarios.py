@@ -222,7 +222,7 @@ def _interference(res: dict[str, Any]) -> tuple[str, str]:
         f"prefix, runs in their batch), `auto` the default load mode (it picks sync or async "
         f"by measured cost). "
         + _pairing(res)
-        + _finish_wait(res)
+        + _run_settings(res)
         + _in_flight(res)
         + '"Steps" are the engine steps taken while the loader waited for its first token '
         "(the decodes' tokens in that window over the number of decodes: each decode makes "
@@ -277,7 +277,7 @@ def _in_flight(res: dict[str, Any]) -> str:
             'API server tens of ms), so there is no "in flight" window. ')  # fmt: skip
 
 
-def _finish_wait(res: dict[str, Any]) -> str:
+def _run_settings(res: dict[str, Any]) -> str:
     """The opt-in wait at a step's end (``--finish-wait``) and the file tier's reader threads
     (``--file-readers``), where the run set them."""
     args = res.get("args", {})
