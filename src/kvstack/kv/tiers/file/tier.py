@@ -11,10 +11,10 @@ chunks reads up to ``readers`` files at once: a chunk file not in the page cache
 round trip, and one read after another leaves the disk idle in between (32 cold 3 MiB chunks
 on a 2-core host's virtual disk: 62.7 ms one by one, 54.9 ms four at a time, medians of 9
 paired runs; a local NVMe drive serves more reads at once than that). Inside vLLM's worker the
-reader threads share the interpreter lock with the engine's step, so more of them also lengthen
-the steps a fetch runs beside: in the 8,192-token interference runs on 2 cores, ``readers=1``
-brought the decodes' in-flight step p99 from 1.60x to 1.23x their quiet p99 and the fetch from
-28 to 39 ms (``docs/benchmarks.md``; one run each, within the run-to-run spread of that host).
+reader threads share the interpreter lock with the engine's step. Whether fewer of them lengthen
+the steps a fetch runs beside less is not settled: in three 8,192-token interference runs on 2
+cores the decodes' in-flight step p99 read 1.60x and 1.00x their quiet p99 with 4 readers and
+1.23x with one (``docs/benchmarks.md``).
 
 At start the index is rebuilt from the directory (oldest files first in eviction order): every chunk
 file's header and length are checked, bad ones deleted, temporary files of dead writers removed, and
