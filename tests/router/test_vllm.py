@@ -23,6 +23,7 @@ from tests.router.scrape import metric_sum, wait_health
 
 pytestmark = pytest.mark.vllm
 IN_FLIGHT = "kvstack_router_backend_in_flight"
+TOKENS = 1000  # each request of the killed-engine test
 
 
 @dataclass
@@ -129,9 +130,11 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
 ) -> None:
     client = deployment.client()
 
+    # Long enough that the freeze below finds one in flight on a loaded host: 200 tokens each
+    # once all ended before the router's gauge was read.
     def one(i: int) -> int:
         done = client.completions.create(
-            model="toy", prompt=f"request {i}", max_tokens=200, extra_body={"ignore_eos": True}
+            model="toy", prompt=f"request {i}", max_tokens=TOKENS, extra_body={"ignore_eos": True}
         )
         assert done.usage is not None
         return done.usage.completion_tokens
@@ -142,7 +145,7 @@ def test_killed_engine_loses_no_unstarted_request_and_health_follows(
         survivor = next(e for e in deployment.engines if e is not victim)
         assert victim.pid is not None
         os.killpg(victim.pid, signal.SIGKILL)  # the API server and its engine core
-        assert [f.result(timeout=300) for f in futures] == [200] * 8
+        assert [f.result(timeout=300) for f in futures] == [TOKENS] * 8
     assert metric_sum(deployment.router_url, "kvstack_router_retries_total") >= 1
 
     assert survivor.pid is not None
