@@ -38,6 +38,7 @@ class Step:
 QUICK: tuple[Step, ...] = (
     Step("kv", ("--quick",)),
     Step("radix", ("--rounds", "3")),
+    Step("fetch", ("--quick",)),
     Step("shared", ("--chunks", "8", "--rounds", "2"), needs="redis-server"),
     Step("router", ("--rounds", "2", "--round-s", "2")),
     Step("sim", ("--part", "single", "--single-duration", "5")),

@@ -11,6 +11,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "kvstack.bench.micro.kv",
         "KV tier store/retrieve throughput against memcpy and raw file I/O",
     ),
+    "fetch": (
+        "kvstack.bench.micro.fetch_step",
+        "a file-tier fetch beside a busy step: loader threads against a helper process",
+    ),
     "serve": ("kvstack.bench.load.serve", "load generator against an OpenAI endpoint"),
     "compare": ("kvstack.bench.compare.runner", "fleet + front ends side by side, table and plots"),
     "vllm": ("kvstack.bench.micro.vllm", "TTFT with the kvstack connector on a real vLLM engine"),

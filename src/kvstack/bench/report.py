@@ -52,6 +52,7 @@ REGIONS: dict[str, str] = {
     "demo": "kvstack.bench.demo.report_md:render",
     "kv": "kvstack.bench.micro.kv_report:render",
     "vllm": "kvstack.bench.micro.vllm_report:render",
+    "fetch": "kvstack.bench.micro.fetch_step_report:render",
     "vllm-scenarios": "kvstack.bench.micro.vllm_report:render_scenarios",
     "sim": "kvstack.bench.micro.sim_report:render",
     "router": "kvstack.bench.micro.router_report:render",
