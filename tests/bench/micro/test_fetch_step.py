@@ -4,6 +4,7 @@ the smallest settings, a fetch that loses a chunk failing the run, and the publi
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,11 @@ def test_a_small_run_measures_every_arm(tmp_path: Path) -> None:
         assert row["fetch_seen_ms"]["median"] >= row["fetch_own_ms"]["min"] > 0
         assert row["step_p99_ratio"]["median"] > 0
     assert "helper process, shared memory" in done.stdout
+    # Every fetch ran on the CPUs the run reports, and, with two or more, not on the step's.
+    cpus = result["cpus"]
+    assert all(on == cpus["fetch"] for on in result["ran_on"].values()), result
+    if len(os.sched_getaffinity(0)) > 1:
+        assert not set(cpus["fetch"]) & set(cpus["step"]), cpus
     assert not list(tmp_path.glob("kvstack-bench-fetch-*")), "the chunk directory was left"
 
 

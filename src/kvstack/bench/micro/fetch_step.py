@@ -71,7 +71,7 @@ def run(argv: list[str]) -> int:
         with _bound_step() as cpus:
             result = measure(
                 root, chunks, args.chunk_mib, rounds, seconds, python_ms, args.compute_ms,
-                args.gap_ms,
+                args.gap_ms, set(cpus["fetch"] or ()),
             )  # fmt: skip
             result["cpus"] = cpus
     finally:
@@ -104,11 +104,6 @@ def _bound_step() -> Any:
         os.sched_setaffinity(0, before)
 
 
-def _fetch_cpus() -> set[int]:
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    return set(cpus[1:]) or set(cpus)
-
-
 @dataclass
 class _Window:
     steps: list[float] = field(default_factory=list)
@@ -125,11 +120,13 @@ def measure(
     python_ms: list[float],
     compute_ms: float,
     gap_ms: float,
+    fetch_cpus: set[int],
 ) -> dict[str, Any]:
+    """Every arm at every step load; ``fetch_cpus``: where the fetches run (the step runs
+    wherever the caller bound it; none bound where empty)."""
     shape = (LAYERS, chunk_mib * (1 << 20) // (LAYERS * PAGE_BYTES), PAGE_BYTES)
     keys = [ChunkKey(i.to_bytes(4, "big") * (KEY_BYTES // 4)) for i in range(chunks)]
     _fill(root, keys, shape)
-    fetch_cpus = _fetch_cpus()
     helper = _Helper(root, keys, shape, fetch_cpus)
     threads = {
         n: _ThreadFetcher(FileTier(root, 1 << 40, readers=n), keys, shape, fetch_cpus)
@@ -160,6 +157,9 @@ def measure(
                     _window(step, fetcher, min(0.3, seconds), gap_ms / 1000)  # warm-up
                     windows[arm].append(_window(step, fetcher, seconds, gap_ms / 1000))
             out["loads"].append({"python_ms": py, "arms": _summary(windows)})
+        out["ran_on"] = {
+            "thread-4": threads[4].ran_on, "thread-1": threads[1].ran_on, "process": helper.ran_on
+        }  # fmt: skip
     finally:
         helper.close()
         for t in threads.values():
@@ -221,8 +221,11 @@ class _ThreadFetcher(_Fetcher):
         self._bufs = [torch.empty(shape, dtype=torch.uint8) for _ in keys]
         self._pool = ThreadPoolExecutor(1, "bench-fetch", initializer=_bind, initargs=(cpus,))
         self._job: Future[float] | None = None
+        self.ran_on: list[int] = []  # the CPUs the fetching thread may use
 
     def _fetch(self) -> float:
+        if hasattr(os, "sched_getaffinity"):
+            self.ran_on = sorted(os.sched_getaffinity(0))
         t0 = time.perf_counter()
         got = self._tier.get_many_into(self._keys, self._bufs)
         if not all(got):
@@ -246,6 +249,8 @@ class _ThreadFetcher(_Fetcher):
 def _bind(cpus: set[int]) -> None:
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cpus)
+    if cpus and hasattr(os, "sched_getaffinity") and os.sched_getaffinity(0) != cpus:
+        raise RuntimeError(f"a fetch could not be bound to CPUs {sorted(cpus)}")
 
 
 class _Helper(_Fetcher):
@@ -264,8 +269,9 @@ class _Helper(_Fetcher):
         )  # fmt: skip
         self._proc.start()
         child.close()
-        if not self._conn.poll(120) or self._conn.recv() != "ready":
+        if not self._conn.poll(120):
             raise RuntimeError("the fetch helper process did not start within 120 s")
+        self.ran_on: list[int] = self._conn.recv()  # the CPUs the helper may use
         self._busy = False
 
     def start(self) -> None:
@@ -302,7 +308,7 @@ def _helper_main(
     tier = FileTier(root, 1 << 40, readers=4)
     chunk_keys = [ChunkKey(k) for k in keys]
     outs = list(shm)
-    conn.send("ready")
+    conn.send(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
     while conn.recv():
         t0 = time.perf_counter()
         got = tier.get_many_into(chunk_keys, outs)
