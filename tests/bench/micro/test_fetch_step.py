@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvstack.bench import results
 from kvstack.bench.micro import fetch_step, fetch_step_report
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.tiers.file.tier import FileTier
@@ -21,7 +22,7 @@ from tests.bench.micro.conftest import SaveResult
 def test_a_small_run_measures_every_arm(tmp_path: Path) -> None:
     out = tmp_path / "fetch.json"
     argv = ["--quick", "--chunks", "2", "--chunk-mib", "1", "--seconds", "0.3", "--python-ms",
-            "1", "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+            "1", "--cold", "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
     # Its own process: the run binds its process to one CPU while it measures.
     done = subprocess.run(
         [sys.executable, "-m", "kvstack", "bench", "fetch", *argv],
@@ -29,6 +30,7 @@ def test_a_small_run_measures_every_arm(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())["result"]
+    assert result["cold"] is True
     (load,) = result["loads"]
     assert set(load["arms"]) == set(fetch_step.ARMS)
     for arm in ("thread-4", "thread-1", "process"):
@@ -85,7 +87,12 @@ def test_the_table_names_every_arm_and_its_figures(save_result: SaveResult) -> N
     assert "`kvstack bench fetch --synthetic`" in text
     assert "| 4 ms | the step alone | 1.2 (1.08–1.32) | 4.35 (" in text
     assert "| helper process, shared memory |" in text and "1.16× (1.04–1.28)" in text
-    assert "32 chunks of 3 MiB" in text
+    assert "32 chunks of 3 MiB from the page cache" in text
+    cold = folder / "fetch" / "fetch-cold-2026-12-02.json"
+    results.save("fetch", ["--cold"], result | {"cold": True}, cold, quiet=True)
+    both = fetch_step_report.render(folder)
+    assert "32 chunks of 3 MiB from the page cache" in both
+    assert "32 chunks of 3 MiB from disk" in both and "`kvstack bench fetch --cold`" in both
     ((what, figure, command),) = fetch_step_report.headline(folder)
     assert figure == "11.7 ms on a loader thread, 9.4 ms in a helper process"
     assert "4 ms of Python" in what and command == "kvstack bench fetch --synthetic"

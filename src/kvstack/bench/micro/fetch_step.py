@@ -24,7 +24,8 @@ product on one thread (it releases the lock, as an engine's kernels do). The ste
 bound to the first CPU it may use and the fetches (threads or the helper) to the others, as
 kvstack's background threads are beside vLLM's CPU build. A fetch reads ``--chunks`` chunks of
 ``--chunk-mib`` MiB that are in the page cache (so the time is the interpreter's and memory's,
-not the disk's), then the next starts ``--gap-ms`` after the step saw it done. A fetch's time is
+not the disk's; ``--cold`` drops them from it before every fetch, so each is a disk read),
+then the next starts ``--gap-ms`` after the step saw it done. A fetch's time is
 taken from its start to the end of the first step that sees it done, the moment a worker
 would report it to vLLM; every fetch is checked to have returned every chunk.
 """
@@ -32,6 +33,7 @@ would report it to vLLM; every fetch is checked to have returned every chunk.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -71,7 +73,7 @@ def run(argv: list[str]) -> int:
         with _bound_step() as cpus:
             result = measure(
                 root, chunks, args.chunk_mib, rounds, seconds, python_ms, args.compute_ms,
-                args.gap_ms, set(cpus["fetch"] or ()),
+                args.gap_ms, set(cpus["fetch"] or ()), args.cold,
             )  # fmt: skip
             result["cpus"] = cpus
     finally:
@@ -121,6 +123,7 @@ def measure(
     compute_ms: float,
     gap_ms: float,
     fetch_cpus: set[int],
+    cold: bool = False,
 ) -> dict[str, Any]:
     """Every arm at every step load; ``fetch_cpus``: where the fetches run (the step runs
     wherever the caller bound it; none bound where empty)."""
@@ -133,6 +136,11 @@ def measure(
         for n in (4, 1)
     }
     compute = _calibrate(compute_ms)
+    drop = None
+    if cold:
+        from kvstack.bench.micro.vllm_harness import drop_page_cache
+
+        drop = functools.partial(drop_page_cache, root)
     out: dict[str, Any] = {
         "chunks": chunks,
         "chunk_bytes": shape[0] * shape[1] * shape[2],
@@ -140,6 +148,7 @@ def measure(
         "seconds": seconds,
         "compute_ms": compute_ms,
         "gap_ms": gap_ms,
+        "cold": cold,
         "switch_interval_ms": 1000 * __import__("sys").getswitchinterval(),
         "loads": [],
     }
@@ -154,8 +163,9 @@ def measure(
                         "none": None, "thread-4": threads[4], "thread-1": threads[1],
                         "process": helper,
                     }[arm]  # fmt: skip
-                    _window(step, fetcher, min(0.3, seconds), gap_ms / 1000)  # warm-up
-                    windows[arm].append(_window(step, fetcher, seconds, gap_ms / 1000))
+                    gap = gap_ms / 1000
+                    _window(step, fetcher, min(0.3, seconds), gap, drop)  # warm-up
+                    windows[arm].append(_window(step, fetcher, seconds, gap, drop))
             out["loads"].append({"python_ms": py, "arms": _summary(windows)})
         out["ran_on"] = {
             "thread-4": threads[4].ran_on, "thread-1": threads[1].ran_on, "process": helper.ran_on
@@ -317,7 +327,11 @@ def _helper_main(
 
 
 def _window(
-    step: Callable[[], None], fetcher: _Fetcher | None, seconds: float, gap_s: float
+    step: Callable[[], None],
+    fetcher: _Fetcher | None,
+    seconds: float,
+    gap_s: float,
+    before_fetch: Callable[[], object] | None = None,
 ) -> _Window:
     w = _Window()
     started: float | None = None
@@ -325,8 +339,10 @@ def _window(
     end = next_at + seconds
     while (now := time.perf_counter()) < end or started is not None:
         if fetcher is not None and started is None and now >= next_at and now < end:
+            if before_fetch is not None:
+                before_fetch()  # between steps, before the fetch's clock starts
             fetcher.start()
-            started = now
+            started = time.perf_counter()
         t0 = time.perf_counter()
         step()
         if fetcher is not None and started is not None:
@@ -388,6 +404,11 @@ def _parser() -> argparse.ArgumentParser:
         help="the step's interpreter work in ms, one load per value (default 1,4)",
     )
     p.add_argument("--compute-ms", type=float, default=1.0, help="the step's torch work in ms")
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop the chunk files from the page cache before every fetch (a disk read)",
+    )
     p.add_argument("--gap-ms", type=float, default=20.0, help="pause between fetches in ms")
     return p
 

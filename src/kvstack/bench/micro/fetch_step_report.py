@@ -48,11 +48,14 @@ def markdown(result: dict[str, Any]) -> str:
             )
     cpus = result.get("cpus") or {}
     mib = result["chunk_bytes"] / 2**20
+    source = "from the page cache"
+    if result.get("cold"):
+        source = "from disk (dropped from the page cache before each fetch)"
     headers = ("step's Python", "fetch on", "step p50 ms", "step p99 ms", "p99 × alone",
                "fetch ms (seen by the step)", "fetch ms (own)", "fetches")  # fmt: skip
     return "\n".join(
         [
-            f"Fetches of {result['chunks']} chunks of {mib:g} MiB from the page cache beside a "
+            f"Fetches of {result['chunks']} chunks of {mib:g} MiB {source} beside a "
             f"step of that much interpreter work plus {result['compute_ms']:g} ms of torch; "
             f"{result['rounds']} rounds of {result['seconds']:g} s per arm, the arms in rotating "
             f"order; step on CPU {cpus.get('step')}, fetches on CPUs {cpus.get('fetch')}; "
@@ -65,10 +68,12 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def render(results: Path) -> str:
-    r = newest(results, "fetch")
-    if r is None:
-        return "_No committed result of `kvstack bench fetch` yet._"
-    return stale_line(r) + "\n\n" + markdown(r.result)
+    parts = []
+    for variant in (None, "cold"):
+        r = newest(results, "fetch", variant)
+        if r is not None:
+            parts.append(stale_line(r) + "\n\n" + markdown(r.result))
+    return "\n\n".join(parts) or "_No committed result of `kvstack bench fetch` yet._"
 
 
 def headline(results: Path) -> list[tuple[str, str, str]]:
