@@ -27,6 +27,16 @@ the other on the spare core made the request wait for both; reading and writing 
 slowed the running decodes. Within the step the write is hidden behind the forward pass, and
 each layer's attention still runs only after that layer's write.
 
+The load threads are threads of the worker's process, so they share the interpreter lock with
+the engine's step: a thread back from a read waits for the lock while the step runs Python, and
+taking it stops the step. ``kvstack bench fetch`` measures that without an engine (2 cores, 32
+chunks of 3 MiB, a step holding the lock 4 ms of every 5). There a fetch on a load thread took
+93.5 ms from the page cache and 144 ms from disk. The same fetch in a helper process, reading
+into shared memory and polled once per step, took 25.3 ms and 67.3 ms, and cost the step's p99
+at most 1.11x. That is why an asynchronous load ends later than a synchronous one here (the
+step waits for the latter with the lock released). A helper process is the change this points
+to; it is not built yet.
+
 A block is either written whole from a verified chunk or reported failed; never half. A job
 that outlives ``timeout_s`` is abandoned under its lock: a write already started finishes
 before the abandonment is reported, and nothing is written afterwards, even if the tier

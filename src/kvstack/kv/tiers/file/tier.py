@@ -11,10 +11,12 @@ chunks reads up to ``readers`` files at once: a chunk file not in the page cache
 round trip, and one read after another leaves the disk idle in between (32 cold 3 MiB chunks
 on a 2-core host's virtual disk: 62.7 ms one by one, 54.9 ms four at a time, medians of 9
 paired runs; a local NVMe drive serves more reads at once than that). Inside vLLM's worker the
-reader threads share the interpreter lock with the engine's step. Whether fewer of them lengthen
-the steps a fetch runs beside less is not settled: in three 8,192-token interference runs on 2
-cores the decodes' in-flight step p99 read 1.60x and 1.00x their quiet p99 with 4 readers and
-1.23x with one (``docs/benchmarks.md``).
+reader threads share the interpreter lock with the engine's step, and ``kvstack bench fetch``
+measures what that costs on its own (2 cores, 32 chunks of 3 MiB, a step with 1 ms of Python).
+With 4 readers the step's p99 was 2.85x its p99 alone from the page cache and 1.42x from disk.
+With one reader it was 1.30x and 1.14x, but a fetch from disk took 83 ms instead of 71 ms
+(``benchmarks/results/fetch/``). That trades a load's TTFT for the running requests' ITL, so
+the default stays 4. In a helper process the same reads cost the step 1.05x to 1.11x.
 
 At start the index is rebuilt from the directory (oldest files first in eviction order): every chunk
 file's header and length are checked, bad ones deleted, temporary files of dead writers removed, and
