@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,32 +21,48 @@ from kvstack.kv.tiers.file.tier import FileTier
 from tests.bench.micro.conftest import SaveResult
 
 
-def test_a_small_run_measures_every_arm(tmp_path: Path) -> None:
+def _small_run(tmp_path: Path, *extra: str) -> tuple[dict[str, Any], str]:
     out = tmp_path / "fetch.json"
     argv = ["--quick", "--chunks", "2", "--chunk-mib", "1", "--seconds", "0.3", "--python-ms",
-            "1", "--cold", "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+            "1", "--dir", str(tmp_path), "--json", str(out), *extra]  # fmt: skip
     # Its own process: the run binds its process to one CPU while it measures.
     done = subprocess.run(
         [sys.executable, "-m", "kvstack", "bench", "fetch", *argv],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(out.read_text())["result"]
-    assert result["cold"] is True
+    assert not list(tmp_path.glob("kvstack-bench-fetch-*")), "the run's directory was left"
+    return json.loads(out.read_text())["result"], done.stdout
+
+
+def _check_arms(result: dict[str, Any], arms: list[str]) -> None:
     (load,) = result["loads"]
-    assert set(load["arms"]) == set(fetch_step.ARMS)
-    for arm in ("thread-4", "thread-1", "process"):
+    assert list(load["arms"]) == ["none", *arms]
+    for arm in arms:
         row = load["arms"][arm]
         assert row["fetches"] >= 4, (arm, row)  # every round fetched (and got every chunk)
         assert row["fetch_seen_ms"]["median"] >= row["fetch_own_ms"]["min"] > 0
         assert row["step_p99_ratio"]["median"] > 0
-    assert "helper process, shared memory" in done.stdout
     # Every fetch ran on the CPUs the run reports, and, with two or more, not on the step's.
     cpus = result["cpus"]
     assert all(on == cpus["fetch"] for on in result["ran_on"].values()), result
     if len(os.sched_getaffinity(0)) > 1:
         assert not set(cpus["fetch"]) & set(cpus["step"]), cpus
-    assert not list(tmp_path.glob("kvstack-bench-fetch-*")), "the chunk directory was left"
+
+
+def test_a_small_run_measures_every_arm(tmp_path: Path) -> None:
+    result, stdout = _small_run(tmp_path, "--cold")
+    assert result["cold"] is True and result["tier"] == "file"
+    _check_arms(result, ["thread-4", "thread-1", "process"])
+    assert "helper process, shared memory" in stdout and "from disk" in stdout
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_a_small_run_from_redis(tmp_path: Path) -> None:
+    result, stdout = _small_run(tmp_path, "--tier", "redis")
+    assert result["tier"] == "redis"
+    _check_arms(result, ["thread", "process"])
+    assert "from a redis-server on loopback" in stdout
 
 
 def test_a_fetch_that_misses_a_chunk_fails_the_run(tmp_path: Path) -> None:
@@ -52,7 +70,9 @@ def test_a_fetch_that_misses_a_chunk_fails_the_run(tmp_path: Path) -> None:
     tier = FileTier(tmp_path, 1 << 30)
     tier.put(keys[0], torch.zeros((16, 16, 4096), dtype=torch.uint8))
     assert tier.flush(30)
-    fetcher = fetch_step._ThreadFetcher(tier, keys, (16, 16, 4096), set())
+    tier.close()
+    url = f"file://{tmp_path}?size=1GiB"
+    fetcher = fetch_step._ThreadFetcher(url, keys, (16, 16, 4096), set())
     try:
         fetcher.start()
         with pytest.raises(RuntimeError, match="returned 1 of 2 chunks"):

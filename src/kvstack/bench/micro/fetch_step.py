@@ -19,6 +19,10 @@ Arms, in rotating order within each round, each for ``--seconds``:
   buffer. The step polls its pipe once per step, as a worker would check its loads; no thread
   of the step's process waits on it.
 
+``--tier redis`` reads the chunks from a throw-away ``redis-server`` on loopback instead, with
+two arms beside the step alone: ``thread`` (the Redis tier's batched get on a loader thread)
+and ``process`` (the same in the helper).
+
 The step: ``--python-ms`` of pure interpreter work, then ``--compute-ms`` of a torch matrix
 product on one thread (it releases the lock, as an engine's kernels do). The step's process is
 bound to the first CPU it may use and the fetches (threads or the helper) to the others, as
@@ -33,6 +37,7 @@ would report it to vLLM; every fetch is checked to have returned every chunk.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import multiprocessing
 import multiprocessing.connection
@@ -52,11 +57,10 @@ import torch
 
 from kvstack.bench.results import save
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
-from kvstack.kv.tiers.file.tier import FileTier
+from kvstack.kv.tiers import make_tier
 
-__all__ = ["ARMS", "run"]
+__all__ = ["run", "tier_arms"]
 
-ARMS = ("none", "thread-4", "thread-1", "process")
 PAGE_BYTES = 4096
 LAYERS = 16
 
@@ -68,14 +72,28 @@ def run(argv: list[str]) -> int:
     rounds = args.rounds or (4 if args.quick else 8)  # a multiple of the arms: each order once
     seconds = args.seconds or (0.6 if args.quick else 3.0)
     python_ms = [float(x) for x in args.python_ms.split(",")]
+    if args.cold and args.tier != "file":
+        raise SystemExit("kvstack bench fetch: --cold applies to the file tier only")
     root = Path(tempfile.mkdtemp(prefix="kvstack-bench-fetch-", dir=args.dir))
     try:
-        with _bound_step() as cpus:
+        with contextlib.ExitStack() as stack:
+            split = _split_cpus()
+            port = None
+            if args.tier == "redis":
+                from kvstack.bench.micro.shared_tiers import redis_server
+
+                # The server starts on the fetches' CPUs (it inherits them), off the step's: it
+                # stands for a Redis on another host.
+                stack.enter_context(_bound_to(split[1]))
+                port = stack.enter_context(redis_server(root, {}))
+            cpus = stack.enter_context(_bound_step(split))
             result = measure(
-                root, chunks, args.chunk_mib, rounds, seconds, python_ms, args.compute_ms,
-                args.gap_ms, set(cpus["fetch"] or ()), args.cold,
+                tier_arms(args.tier, root, port), chunks, args.chunk_mib, rounds, seconds,
+                python_ms, args.compute_ms, args.gap_ms, set(cpus["fetch"] or ()),
+                root if args.cold else None,
             )  # fmt: skip
             result["cpus"] = cpus
+            result["tier"] = args.tier
     finally:
         shutil.rmtree(root, ignore_errors=True)
     result["args"] = vars(args)
@@ -86,24 +104,53 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-@contextmanager
-def _bound_step() -> Any:
-    """Bind this process to its first CPU (the step's) for the run; yields the CPUs of the step
-    and of the fetches (the same one where there is only one)."""
+def tier_arms(tier: str, root: Path, port: int | None) -> dict[str, tuple[str, str]]:
+    """The fetching arms of ``tier``: name -> (``thread`` or ``process``, tier URL)."""
+    if tier == "file":
+        base = f"file://{root.resolve()}?size=1TiB"
+        return {
+            "thread-4": ("thread", f"{base}&readers=4"),
+            "thread-1": ("thread", f"{base}&readers=1"),
+            "process": ("process", f"{base}&readers=4"),
+        }
+    url = f"redis://127.0.0.1:{port}"
+    return {"thread": ("thread", url), "process": ("process", url)}
+
+
+def _split_cpus() -> tuple[set[int], set[int]]:
+    """(the step's CPU, the fetches' CPUs): the first this process may use, and the others (the
+    same one where there is only one)."""
     if not hasattr(os, "sched_getaffinity"):
-        yield {"step": None, "fetch": None}
+        return set(), set()
+    cpus = sorted(os.sched_getaffinity(0))
+    return {cpus[0]}, set(cpus[1:]) or {cpus[0]}
+
+
+@contextmanager
+def _bound_to(cpus: set[int]) -> Any:
+    if not cpus:  # no affinity calls here
+        yield
         return
     before = os.sched_getaffinity(0)
-    cpus = sorted(before)
-    step, rest = {cpus[0]}, set(cpus[1:]) or {cpus[0]}
-    os.sched_setaffinity(0, step)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextmanager
+def _bound_step(split: tuple[set[int], set[int]]) -> Any:
+    """Bind this process to the step's CPU (``split``: :func:`_split_cpus`), on one torch
+    thread, for the run; yields the CPUs of the step and of the fetches."""
+    step, rest = split
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        yield {"step": sorted(step), "fetch": sorted(rest)}
+        with _bound_to(step):
+            yield {"step": sorted(step) or None, "fetch": sorted(rest) or None}
     finally:
         torch.set_num_threads(threads)
-        os.sched_setaffinity(0, before)
 
 
 @dataclass
@@ -114,7 +161,7 @@ class _Window:
 
 
 def measure(
-    root: Path,
+    arms: dict[str, tuple[str, str]],
     chunks: int,
     chunk_mib: int,
     rounds: int,
@@ -123,24 +170,21 @@ def measure(
     compute_ms: float,
     gap_ms: float,
     fetch_cpus: set[int],
-    cold: bool = False,
+    cold: Path | None = None,
 ) -> dict[str, Any]:
-    """Every arm at every step load; ``fetch_cpus``: where the fetches run (the step runs
-    wherever the caller bound it; none bound where empty)."""
+    """Every arm (:func:`tier_arms`) at every step load, beside the step alone; ``fetch_cpus``:
+    where the fetches run (the step runs wherever the caller bound it; none bound where empty);
+    ``cold``: the file tier's directory, dropped from the page cache before every fetch."""
     shape = (LAYERS, chunk_mib * (1 << 20) // (LAYERS * PAGE_BYTES), PAGE_BYTES)
     keys = [ChunkKey(i.to_bytes(4, "big") * (KEY_BYTES // 4)) for i in range(chunks)]
-    _fill(root, keys, shape)
-    helper = _Helper(root, keys, shape, fetch_cpus)
-    threads = {
-        n: _ThreadFetcher(FileTier(root, 1 << 40, readers=n), keys, shape, fetch_cpus)
-        for n in (4, 1)
-    }
+    _fill(next(iter(arms.values()))[1], keys, shape)
+    fetchers: dict[str, _Fetcher] = {}
     compute = _calibrate(compute_ms)
     drop = None
-    if cold:
+    if cold is not None:
         from kvstack.bench.micro.vllm_harness import drop_page_cache
 
-        drop = functools.partial(drop_page_cache, root)
+        drop = functools.partial(drop_page_cache, cold)
     out: dict[str, Any] = {
         "chunks": chunks,
         "chunk_bytes": shape[0] * shape[1] * shape[2],
@@ -148,42 +192,41 @@ def measure(
         "seconds": seconds,
         "compute_ms": compute_ms,
         "gap_ms": gap_ms,
-        "cold": cold,
+        "cold": cold is not None,
         "switch_interval_ms": 1000 * __import__("sys").getswitchinterval(),
         "loads": [],
     }
+    names = ("none", *arms)
     try:
+        for arm, (kind, url) in arms.items():
+            fetchers[arm] = (_Helper if kind == "process" else _ThreadFetcher)(
+                url, keys, shape, fetch_cpus
+            )
         for py in python_ms:
             step = _step_fn(py / 1000, compute)
-            windows: dict[str, list[_Window]] = {arm: [] for arm in ARMS}
+            windows: dict[str, list[_Window]] = {arm: [] for arm in names}
             for r in range(rounds):
-                order = ARMS[r % len(ARMS) :] + ARMS[: r % len(ARMS)]
+                order = names[r % len(names) :] + names[: r % len(names)]
                 for arm in order:
-                    fetcher: _Fetcher | None = {
-                        "none": None, "thread-4": threads[4], "thread-1": threads[1],
-                        "process": helper,
-                    }[arm]  # fmt: skip
+                    fetcher = fetchers.get(arm)
                     gap = gap_ms / 1000
                     _window(step, fetcher, min(0.3, seconds), gap, drop)  # warm-up
                     windows[arm].append(_window(step, fetcher, seconds, gap, drop))
             out["loads"].append({"python_ms": py, "arms": _summary(windows)})
-        out["ran_on"] = {
-            "thread-4": threads[4].ran_on, "thread-1": threads[1].ran_on, "process": helper.ran_on
-        }  # fmt: skip
+        out["ran_on"] = {arm: f.ran_on for arm, f in fetchers.items()}
     finally:
-        helper.close()
-        for t in threads.values():
-            t.close()
+        for f in fetchers.values():
+            f.close()
     return out
 
 
-def _fill(root: Path, keys: list[ChunkKey], shape: tuple[int, int, int]) -> None:
-    tier = FileTier(root, 1 << 40)
+def _fill(url: str, keys: list[ChunkKey], shape: tuple[int, int, int]) -> None:
+    tier = make_tier(url)
     gen = torch.Generator().manual_seed(0)
     for key in keys:
         tier.put(key, torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen))
     if not tier.flush(60):
-        raise RuntimeError("the file tier did not write the benchmark's chunks within 60 s")
+        raise RuntimeError("the tier did not write the benchmark's chunks within 60 s")
     tier.close()
 
 
@@ -217,6 +260,8 @@ def _step_fn(python_s: float, compute: Callable[[], None]) -> Callable[[], None]
 
 
 class _Fetcher:
+    ran_on: list[int]  # the CPUs the fetch may use
+
     def start(self) -> None: ...
     def done(self) -> float | None:  # the fetcher's own seconds once done, else None
         ...
@@ -225,13 +270,13 @@ class _Fetcher:
 
 class _ThreadFetcher(_Fetcher):
     def __init__(
-        self, tier: FileTier, keys: list[ChunkKey], shape: tuple[int, ...], cpus: set[int]
+        self, url: str, keys: list[ChunkKey], shape: tuple[int, int, int], cpus: set[int]
     ) -> None:
-        self._tier, self._keys = tier, keys
+        self._tier, self._keys = make_tier(url), keys
         self._bufs = [torch.empty(shape, dtype=torch.uint8) for _ in keys]
         self._pool = ThreadPoolExecutor(1, "bench-fetch", initializer=_bind, initargs=(cpus,))
         self._job: Future[float] | None = None
-        self.ran_on: list[int] = []  # the CPUs the fetching thread may use
+        self.ran_on = []
 
     def _fetch(self) -> float:
         if hasattr(os, "sched_getaffinity"):
@@ -267,21 +312,21 @@ class _Helper(_Fetcher):
     """The tier in a helper process: it reads into a shared-memory buffer on request."""
 
     def __init__(
-        self, root: Path, keys: list[ChunkKey], shape: tuple[int, int, int], cpus: set[int]
+        self, url: str, keys: list[ChunkKey], shape: tuple[int, int, int], cpus: set[int]
     ) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._shm = torch.empty((len(keys), *shape), dtype=torch.uint8)
         self._shm.share_memory_()  # type: ignore[no-untyped-call]
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(
-            target=_helper_main, args=(child, str(root), [bytes(k) for k in keys], self._shm, cpus),
+            target=_helper_main, args=(child, url, [bytes(k) for k in keys], self._shm, cpus),
             daemon=True,
         )  # fmt: skip
         self._proc.start()
         child.close()
         if not self._conn.poll(120):
             raise RuntimeError("the fetch helper process did not start within 120 s")
-        self.ran_on: list[int] = self._conn.recv()  # the CPUs the helper may use
+        self.ran_on = self._conn.recv()
         self._busy = False
 
     def start(self) -> None:
@@ -309,13 +354,13 @@ class _Helper(_Fetcher):
 
 def _helper_main(
     conn: multiprocessing.connection.Connection,
-    root: str,
+    url: str,
     keys: list[bytes],
     shm: torch.Tensor,
     cpus: set[int],
 ) -> None:
     _bind(cpus)
-    tier = FileTier(root, 1 << 40, readers=4)
+    tier = make_tier(url)
     chunk_keys = [ChunkKey(k) for k in keys]
     outs = list(shm)
     conn.send(sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [])
@@ -394,6 +439,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="the result file (default: bench-results/fetch/)")
     p.add_argument("--quick", action="store_true", help="fewer chunks, rounds and seconds")
     p.add_argument("--dir", help="directory for the file tier (default: the system temp dir)")
+    p.add_argument(
+        "--tier",
+        choices=("file", "redis"),
+        default="file",
+        help="where the chunks are: the file tier (default) or a redis-server on loopback",
+    )
     p.add_argument("--chunks", type=_positive, help="chunks per fetch (default 32)")
     p.add_argument("--chunk-mib", type=_positive, default=3, help="MiB per chunk (default 3)")
     p.add_argument("--rounds", type=_positive, help="rounds; each runs every arm once (default 8)")

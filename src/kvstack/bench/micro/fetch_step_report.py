@@ -20,6 +20,7 @@ _ARM_NAMES = {
     "none": "the step alone",
     "thread-4": "loader thread, `readers=4`",
     "thread-1": "loader thread, `readers=1`",
+    "thread": "loader thread",
     "process": "helper process, shared memory",
 }
 
@@ -49,7 +50,9 @@ def markdown(result: dict[str, Any]) -> str:
     cpus = result.get("cpus") or {}
     mib = result["chunk_bytes"] / 2**20
     source = "from the page cache"
-    if result.get("cold"):
+    if result.get("tier") == "redis":
+        source = "from a redis-server on loopback (on the fetches' CPUs)"
+    elif result.get("cold"):
         source = "from disk (dropped from the page cache before each fetch)"
     headers = ("step's Python", "fetch on", "step p50 ms", "step p99 ms", "p99 × alone",
                "fetch ms (seen by the step)", "fetch ms (own)", "fetches")  # fmt: skip
@@ -69,7 +72,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def render(results: Path) -> str:
     parts = []
-    for variant in (None, "cold"):
+    for variant in (None, "cold", "redis"):
         r = newest(results, "fetch", variant)
         if r is not None:
             parts.append(stale_line(r) + "\n\n" + markdown(r.result))
