@@ -59,8 +59,8 @@ def test_a_small_run_measures_every_arm(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
 def test_a_small_run_from_redis(tmp_path: Path) -> None:
-    result, stdout = _small_run(tmp_path, "--tier", "redis")
-    assert result["tier"] == "redis"
+    result, stdout = _small_run(tmp_path, "--tier", "redis", "--switch-interval-ms", "0.5")
+    assert result["tier"] == "redis" and result["switch_interval_ms"] == 0.5
     _check_arms(result, ["thread", "process"])
     assert "from a redis-server on loopback" in stdout
 

@@ -44,6 +44,7 @@ import multiprocessing.connection
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -72,6 +73,8 @@ def run(argv: list[str]) -> int:
     rounds = args.rounds or (4 if args.quick else 8)  # a multiple of the arms: each order once
     seconds = args.seconds or (0.6 if args.quick else 3.0)
     python_ms = [float(x) for x in args.python_ms.split(",")]
+    if args.switch_interval_ms:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     if args.cold and args.tier != "file":
         raise SystemExit("kvstack bench fetch: --cold applies to the file tier only")
     root = Path(tempfile.mkdtemp(prefix="kvstack-bench-fetch-", dir=args.dir))
@@ -193,7 +196,7 @@ def measure(
         "compute_ms": compute_ms,
         "gap_ms": gap_ms,
         "cold": cold is not None,
-        "switch_interval_ms": 1000 * __import__("sys").getswitchinterval(),
+        "switch_interval_ms": 1000 * sys.getswitchinterval(),
         "loads": [],
     }
     names = ("none", *arms)
@@ -318,10 +321,12 @@ class _Helper(_Fetcher):
         self._shm = torch.empty((len(keys), *shape), dtype=torch.uint8)
         self._shm.share_memory_()  # type: ignore[no-untyped-call]
         self._conn, child = ctx.Pipe()
+        interval = sys.getswitchinterval()
         self._proc = ctx.Process(
-            target=_helper_main, args=(child, url, [bytes(k) for k in keys], self._shm, cpus),
+            target=_helper_main,
+            args=(child, url, [bytes(k) for k in keys], self._shm, cpus, interval),
             daemon=True,
-        )  # fmt: skip
+        )
         self._proc.start()
         child.close()
         if not self._conn.poll(120):
@@ -358,7 +363,9 @@ def _helper_main(
     keys: list[bytes],
     shm: torch.Tensor,
     cpus: set[int],
+    switch_interval: float,
 ) -> None:
+    sys.setswitchinterval(switch_interval)
     _bind(cpus)
     tier = make_tier(url)
     chunk_keys = [ChunkKey(k) for k in keys]
@@ -453,6 +460,12 @@ def _parser() -> argparse.ArgumentParser:
         "--python-ms",
         default="1,4",
         help="the step's interpreter work in ms, one load per value (default 1,4)",
+    )
+    p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        help="the interpreter's switch interval in the step's process and the helper (default: "
+        "Python's, 5 ms)",
     )
     p.add_argument("--compute-ms", type=float, default=1.0, help="the step's torch work in ms")
     p.add_argument(
