@@ -72,7 +72,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def render(results: Path) -> str:
     parts = []
-    for variant in (None, "cold", "redis"):
+    for variant in (None, "cold", "redis", "si05"):  # si05: a 0.5 ms switch interval
         r = newest(results, "fetch", variant)
         if r is not None:
             parts.append(stale_line(r) + "\n\n" + markdown(r.result))
