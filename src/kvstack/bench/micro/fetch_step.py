@@ -56,6 +56,7 @@ from typing import Any
 
 import torch
 
+from kvstack.bench.micro.kv import positive_int
 from kvstack.bench.results import save
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.tiers import make_tier
@@ -452,9 +453,11 @@ def _parser() -> argparse.ArgumentParser:
         default="file",
         help="where the chunks are: the file tier (default) or a redis-server on loopback",
     )
-    p.add_argument("--chunks", type=_positive, help="chunks per fetch (default 32)")
-    p.add_argument("--chunk-mib", type=_positive, default=3, help="MiB per chunk (default 3)")
-    p.add_argument("--rounds", type=_positive, help="rounds; each runs every arm once (default 8)")
+    p.add_argument("--chunks", type=positive_int, help="chunks per fetch (default 32)")
+    p.add_argument("--chunk-mib", type=positive_int, default=3, help="MiB per chunk (default 3)")
+    p.add_argument(
+        "--rounds", type=positive_int, help="rounds; each runs every arm once (default 8)"
+    )
     p.add_argument("--seconds", type=float, help="seconds per arm and round (default 3)")
     p.add_argument(
         "--python-ms",
@@ -475,9 +478,3 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gap-ms", type=float, default=20.0, help="pause between fetches in ms")
     return p
-
-
-def _positive(text: str) -> int:
-    if not text.isdigit() or int(text) <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)

@@ -46,7 +46,7 @@ from kvstack.kv.cache import KVCache
 from kvstack.kv.config import KVConfig
 from kvstack.kv.tensors import torch
 
-__all__ = ["run"]
+__all__ = ["positive_int", "run"]
 
 MAIN_SHAPE = Shape("llama-3-8b", 32, 8, 128, 256, torch.bfloat16)  # 32 MiB per chunk
 SMALL_SHAPE = Shape("toy-150m", 12, 4, 64, 256, torch.float16)  # 3 MiB per chunk
@@ -141,8 +141,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="FILE", help="the result file (default: bench-results/kv/)")
     p.add_argument("--quick", action="store_true", help="fewer chunks and rounds (smoke test)")
     p.add_argument("--dir", help="directory for the file tiers (default: the system temp dir)")
-    p.add_argument("--rounds", type=_positive, help="rounds per figure (median taken)")
-    p.add_argument("--threads", type=_positive, help="torch threads (default: torch's)")
+    p.add_argument("--rounds", type=positive_int, help="rounds per figure (median taken)")
+    p.add_argument("--threads", type=positive_int, help="torch threads (default: torch's)")
     p.add_argument(
         "--clock",
         choices=sorted(CLOCKS),
@@ -164,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return int(text)

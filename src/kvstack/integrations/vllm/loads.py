@@ -34,9 +34,9 @@ chunks of 3 MiB, a step holding the lock 4 ms of every 5). There a fetch on a lo
 93.5 ms from the page cache and 144 ms from disk. The same fetch in a helper process, reading
 into shared memory and polled once per step, took 25.3 ms and 67.3 ms, and cost the step's p99
 at most 1.11x; Redis's batched get behaves alike, and a shorter switch interval does not change
-the picture (``docs/benchmarks.md``). That is why an asynchronous load ends later than a synchronous one here (the
-step waits for the latter with the lock released). A helper process is the change this points
-to; it is not built yet.
+the picture (``docs/benchmarks.md``). That is why an asynchronous load ends later than a
+synchronous one here (the step waits for the latter with the lock released). A helper process
+is the change this points to; it is not built yet.
 
 A block is either written whole from a verified chunk or reported failed; never half. A job
 that outlives ``timeout_s`` is abandoned under its lock: a write already started finishes
