@@ -71,7 +71,9 @@ def run(argv: list[str]) -> int:
     started = time.time()
     args = _parser().parse_args(argv)
     chunks = args.chunks or (8 if args.quick else 32)
-    rounds = args.rounds or (4 if args.quick else 8)  # a multiple of the arms: each order once
+    # The arms rotate: with the file tier's four, 4 (8) rounds put each in every position once
+    # (twice).
+    rounds = args.rounds or (4 if args.quick else 8)
     seconds = args.seconds or (0.6 if args.quick else 3.0)
     python_ms = [float(x) for x in args.python_ms.split(",")]
     if args.switch_interval_ms:

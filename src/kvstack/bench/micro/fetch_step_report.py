@@ -86,8 +86,9 @@ def headline(results: Path) -> list[tuple[str, str, str]]:
     load = max(r.result["loads"], key=lambda x: x["python_ms"])
     arms = load["arms"]
     figure = (
-        f"{arms['thread-4']['fetch_seen_ms']['median']:.3g} ms on a loader thread, "
-        f"{arms['process']['fetch_seen_ms']['median']:.3g} ms in a helper process"
+        f"{arms['thread-4']['fetch_seen_ms']['median']:.3g} ms on a loader thread (the "
+        f"connector's path today), {arms['process']['fetch_seen_ms']['median']:.3g} ms in a "
+        "helper process (not built yet)"
     )
     what = (
         f"a {r.result['chunks']}-chunk fetch beside a step with {load['python_ms']:g} ms of Python"
