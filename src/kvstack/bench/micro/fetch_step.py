@@ -56,7 +56,9 @@ from typing import Any
 
 import torch
 
+from kvstack.bench.load.stats import percentile
 from kvstack.bench.micro.kv import positive_int
+from kvstack.bench.micro.shared_tiers import spread
 from kvstack.bench.results import save
 from kvstack.kv.keys import KEY_BYTES, ChunkKey
 from kvstack.kv.tiers import make_tier
@@ -188,9 +190,11 @@ def measure(
     compute = _calibrate(compute_ms)
     drop = None
     if cold is not None:
-        from kvstack.bench.micro.vllm_harness import drop_page_cache
+        from kvstack.bench.micro.vllm_harness import evict_page_cache
 
-        drop = functools.partial(drop_page_cache, cold)
+        # Evict only: counting what stayed resident (a `fincore` process) each fetch would
+        # spend the step's CPU on a figure nothing reads.
+        drop = functools.partial(evict_page_cache, cold)
     out: dict[str, Any] = {
         "chunks": chunks,
         "chunk_bytes": shape[0] * shape[1] * shape[2],
@@ -211,11 +215,11 @@ def measure(
         for py in python_ms:
             step = _step_fn(py / 1000, compute)
             windows: dict[str, list[_Window]] = {arm: [] for arm in names}
+            gap = gap_ms / 1000
             for r in range(rounds):
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for arm in order:
                     fetcher = fetchers.get(arm)
-                    gap = gap_ms / 1000
                     _window(step, fetcher, min(0.3, seconds), gap, drop)  # warm-up
                     windows[arm].append(_window(step, fetcher, seconds, gap, drop))
             out["loads"].append({"python_ms": py, "arms": _summary(windows)})
@@ -413,12 +417,9 @@ def _window(
 
 
 def _p99(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(0.99 * (len(s) - 1) + 0.5))]
-
-
-def _spread(xs: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+    p = percentile(xs, 99)
+    assert p is not None  # every window times steps
+    return p
 
 
 def _summary(windows: dict[str, list[_Window]]) -> dict[str, Any]:
@@ -428,16 +429,16 @@ def _summary(windows: dict[str, list[_Window]]) -> dict[str, Any]:
         p99s = [_p99(w.steps) for w in ws]
         row: dict[str, Any] = {
             "steps": sum(len(w.steps) for w in ws),
-            "step_p50_ms": _spread([1000 * statistics.median(w.steps) for w in ws]),
-            "step_p99_ms": _spread([1000 * p for p in p99s]),
-            "step_p99_ratio": _spread([p / q for p, q in zip(p99s, quiet, strict=True)]),
+            "step_p50_ms": spread([1000 * statistics.median(w.steps) for w in ws]),
+            "step_p99_ms": spread([1000 * p for p in p99s]),
+            "step_p99_ratio": spread([p / q for p, q in zip(p99s, quiet, strict=True)]),
         }
         if arm != "none":
             row["fetches"] = sum(len(w.fetch_seen) for w in ws)
-            row["fetch_seen_ms"] = _spread(
+            row["fetch_seen_ms"] = spread(
                 [1000 * statistics.median(w.fetch_seen) for w in ws if w.fetch_seen]
             )
-            row["fetch_own_ms"] = _spread(
+            row["fetch_own_ms"] = spread(
                 [1000 * statistics.median(w.fetch_own) for w in ws if w.fetch_own]
             )
         out[arm] = row

@@ -36,6 +36,7 @@ __all__ = [
     "Spread",
     "completion",
     "drop_page_cache",
+    "evict_page_cache",
     "histogram_itl",
     "itl",
     "itl_counts",
@@ -308,8 +309,8 @@ def _samples(server: VLLMServer | str, name: str) -> Iterator[Any]:
         yield from (sample for sample in family.samples if sample.name == name)
 
 
-def drop_page_cache(root: Path) -> int:
-    """Evict the chunk files from the page cache; returns the bytes still resident."""
+def evict_page_cache(root: Path) -> list[Path]:
+    """Evict the chunk files under ``root`` from the page cache; returns them."""
     files = [p for p in root.rglob(f"*{CHUNK_FILE_SUFFIX}")]
     for path in files:
         fd = os.open(path, os.O_RDONLY)
@@ -318,6 +319,13 @@ def drop_page_cache(root: Path) -> int:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+    return files
+
+
+def drop_page_cache(root: Path) -> int:
+    """Evict the chunk files from the page cache; returns the bytes still resident (-1 where
+    ``fincore`` cannot tell)."""
+    files = evict_page_cache(root)
     if not files or shutil.which("fincore") is None:
         return -1
     out = subprocess.run(
