@@ -118,6 +118,14 @@ def wait_metric(
         time.sleep(0.2)
 
 
+def wait_log(path: Path, text: str, timeout_s: float) -> None:
+    """Poll a server's log until ``text`` appears in it; fail naming what was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{path.name} never said {text!r}"
+        time.sleep(0.2)
+
+
 @dataclass(frozen=True)
 class Answer:
     """A greedy answer with the logprob of each token and the top two candidates per position."""

@@ -32,6 +32,7 @@ from tests.e2e.engines import (
     generate,
     metric_total,
     start_engine,
+    wait_log,
     wait_metric,
 )
 from tests.kv.tiers.remote.servers import RedisServer
@@ -210,7 +211,9 @@ def test_a_stalled_tier_defers_lookups_and_loses_no_writes_at_shutdown(
             assert complete(engine, fresh, max_tokens=1)
             assert wait_metric(engine, DEFERRALS, deferred + 1) > deferred
             os.kill(engine.proc.pid, signal.SIGTERM)
-            time.sleep(1.0)  # the engine is shutting down, its writes still held up
+            # Redis stays paused until the worker's shutdown has counted its queued writes: on a
+            # busy machine the drain can take longer than any fixed sleep.
+            wait_log(tmp_path / "stalled.log", "queued chunks before exit", timeout_s=120)
         finally:
             os.killpg(redis_server.proc.pid, signal.SIGCONT)
         engine.proc.wait(timeout=60)

@@ -410,6 +410,9 @@ class WorkerSide:
         start = time.monotonic()
         budget = shutdown_budget_s(self.settings.shutdown_flush_s)
         queued = self._queued_writes()
+        if queued:
+            log.info("kvstack connector: writing %d queued chunks before exit (up to %.1f s)",
+                     queued, budget)  # fmt: skip
         landed = True
         if self.paged is not None:
             self.loader.close()
