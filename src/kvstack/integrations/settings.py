@@ -107,6 +107,14 @@ class ConnectorSettings(Section):
     load_threads: int = Field(
         default=2, ge=1, le=32, description="threads fetching asynchronous loads per worker"
     )
+    load_fetch: Literal["thread", "process"] = Field(
+        default="thread",
+        description="opt-in, vLLM's CPU build: `process` reads the asynchronous loads fetched "
+        "for the next step in a helper process per worker, into memory it shares with the "
+        "worker, so that the reads do not take the interpreter lock from the engine's step "
+        "(`kvstack bench fetch`); it reads the disk, Redis and S3 tiers, the worker its own "
+        "cpu:// tier. `thread`: the worker's load threads read them",
+    )
     staging_mib: int = Field(
         default=2048,
         ge=1,

@@ -35,8 +35,11 @@ chunks of 3 MiB, a step holding the lock 4 ms of every 5). There a fetch on a lo
 into shared memory and polled once per step, took 25.3 ms and 67.3 ms, and cost the step's p99
 at most 1.11x; Redis's batched get behaves alike, and a shorter switch interval does not change
 the picture (``docs/benchmarks.md``). That is why an asynchronous load ends later than a
-synchronous one here (the step waits for the latter with the lock released). A helper process
-is the change this points to; it is not built yet.
+synchronous one here (the step waits for the latter with the lock released). With
+``load_fetch=process`` the deferred jobs' tier reads run in such a helper
+(:mod:`.fetch_process`): a job borrows slots of its shared memory instead of private buffers,
+reads its leading chunks from the worker's ``cpu://`` tier on a load thread, sends the rest to
+the helper, and is done when the step finds the helper's answer (:meth:`AsyncLoader._pump`).
 
 A block is either written whole from a verified chunk or reported failed; never half. A job
 that outlives ``timeout_s`` is abandoned under its lock: a write already started finishes
@@ -58,6 +61,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvstack.integrations.plan import ChunkIO, RequestIO
+from kvstack.integrations.vllm.fetch_process import FetchProcess
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import Completion, CopyStream
@@ -66,6 +70,7 @@ from kvstack.integrations.vllm.transfers import scatter_chunks
 from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
+from kvstack.kv.tiers.base import Tier
 
 __all__ = ["BATCH_CHUNKS", "AsyncLoader", "DeferredWrite", "FinishedLoads", "write_chunks"]
 
@@ -93,6 +98,7 @@ class FinishedLoads:
     loaded_blocks: int = 0
     failed_chunks: int = 0
     timeouts: int = 0
+    helper_chunks: int = 0  # chunks the fetch helper process read whole
     seconds: list[float] = field(default_factory=list)  # start to finish, per job
     fetch_seconds: list[float] = field(default_factory=list)  # start to the thread done
     samples: list[LoadSample] = field(default_factory=list)  # jobs that wrote something
@@ -116,7 +122,9 @@ class _Job:
     fetch_seconds: float = 0.0  # start to the thread being done with it
     abandoned: bool = False  # reported (finished or timed out): nothing more may be written
     staged: list[torch.Tensor] | None = None  # a deferred job's buffers, one per chunk
+    release: Callable[[], None] | None = None  # gives a deferred job's buffers back
     handed_over: bool = False  # a deferred job's buffers went to the step (or back)
+    slots: list[int] | None = None  # a deferred job's slots in the fetch helper's memory
 
 
 def write_chunks(paged: PagedKV, chunks: list[ChunkIO], staged: list[torch.Tensor]) -> None:
@@ -138,7 +146,12 @@ class AsyncLoader:
         timeout_s: float,
         batch_chunks: int = BATCH_CHUNKS,
         defer_chunks: int = 0,
+        fetcher: FetchProcess | None = None,
+        memory: Tier | None = None,
     ) -> None:
+        """``fetcher``: a helper process that fetches deferred jobs (:mod:`.fetch_process`);
+        ``memory``: the worker's ``cpu://`` tier, read here for a job's leading chunks first,
+        since the helper cannot."""
         self._cache, self._shape, self._rank = cache, chunk_shape, rank
         self._paged, self._stream = paged, stream
         self._timeout_s = timeout_s
@@ -152,6 +165,10 @@ class AsyncLoader:
         self._jobs: dict[str, _Job] = {}
         self._jobs_lock = threading.Lock()
         self._local = threading.local()
+        self._fetcher, self._memory = fetcher, memory
+        self._remote: dict[int, _Job] = {}  # jobs sent to the helper, by job number
+        self._next_job = 0
+        self._helper_chunks = 0  # read by the helper, not yet in a FinishedLoads
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="kvstack-load", initializer=enter_background
         )
@@ -166,14 +183,27 @@ class AsyncLoader:
             go = threading.Event()
             go.set()
         job = _Job(request, keys, now, now + self._timeout_s, go)
-        job.staged = self._lend(len(request.chunks))
+        self._lend(job, len(request.chunks))
         with self._jobs_lock:
             self._jobs[request.req_id] = job
-        self._pool.submit(self._run, job)
+        self._pool.submit(self._run_remote if job.slots is not None else self._run, job)
 
-    def _lend(self, count: int) -> list[torch.Tensor] | None:
-        """``count`` chunk buffers for a deferred job, or None (it writes as it fetches)
-        where they would take the lent buffers past ``defer_chunks``."""
+    def _lend(self, job: _Job, count: int) -> None:
+        """``count`` chunk buffers for a deferred job (slots of the helper's memory where it
+        fetches), or none (it writes as it fetches) where they would take the lent buffers
+        past ``defer_chunks``."""
+        fetcher = self._fetcher
+        if fetcher is not None and fetcher.alive:
+            slots = fetcher.lend(count)
+            if slots is not None:
+                job.slots, job.staged = slots, fetcher.views(slots)
+                job.release = functools.partial(fetcher.give_back, slots)
+            return
+        taken = self._lend_buffers(count)
+        if taken is not None:
+            job.staged, job.release = taken, functools.partial(self._give_back, taken)
+
+    def _lend_buffers(self, count: int) -> list[torch.Tensor] | None:
         with self._spare_lock:
             if count == 0 or self._lent + count > self._defer_chunks:
                 return None
@@ -193,7 +223,8 @@ class AsyncLoader:
     def lent_buffers(self) -> int:
         """Chunk buffers held by deferred jobs and their writes."""
         with self._spare_lock:
-            return self._lent
+            lent = self._lent
+        return lent + (self._fetcher.lent_slots if self._fetcher is not None else 0)
 
     @property
     def num_pending(self) -> int:
@@ -201,10 +232,10 @@ class AsyncLoader:
             return len(self._jobs)
 
     # -- on a load thread ------------------------------------------------------------------
-    def _run(self, job: _Job) -> None:
+    def _run(self, job: _Job, skip: int = 0) -> None:
         try:
             if job.staged is not None:
-                self._fetch(job, job.staged)
+                self._fetch(job, job.staged, skip)
             else:
                 self._fetch_and_write(job)
         except Exception:  # a broken load is a recompute, never a dead thread or a bad block
@@ -218,12 +249,77 @@ class AsyncLoader:
                 # buffers, which this thread filled until now, go back.
                 give_back = job.staged is not None and job.abandoned and not job.handed_over
                 job.handed_over = job.handed_over or give_back
-            if give_back and job.staged is not None:
-                self._give_back(job.staged)
+            if give_back and job.release is not None:
+                job.release()
 
-    def _fetch(self, job: _Job, staged: list[torch.Tensor]) -> None:
-        """A deferred job: fetch every chunk into its own buffers; the step writes them."""
-        for start in range(0, len(job.keys), self._batch):
+    def _run_remote(self, job: _Job) -> None:
+        """A job fetched by the helper process: the leading chunks the worker's ``cpu://``
+        tier holds are copied here, the rest are sent to the helper (or, where it is gone,
+        fetched on this thread)."""
+        staged, slots = job.staged or [], job.slots or []
+        if job.abandoned:  # timed out before a thread was free: nothing to fetch
+            self._finish_remote(job, 0, 0.0)
+            return
+        held = 0
+        try:
+            if self._memory is not None and job.keys:
+                hits = self._memory.get_many_into(job.keys, staged)
+                held = next((i for i, hit in enumerate(hits) if not hit), len(hits))
+        except Exception:  # the helper then reads them from the slower tiers
+            log.exception("kvstack: reading request %s from the cpu tier failed",
+                          job.request.req_id)  # fmt: skip
+            held = 0
+        with job.lock:
+            job.written = held
+        if held == len(job.keys):
+            self._finish_remote(job, 0, time.monotonic() - job.started)
+            return
+        with self._jobs_lock:
+            number, self._next_job = self._next_job, self._next_job + 1
+            self._remote[number] = job
+        fetcher = self._fetcher
+        keys = [bytes(k) for k in job.keys[held:]]
+        if fetcher is None or not fetcher.submit(number, keys, slots[held:]):
+            with self._jobs_lock:
+                self._remote.pop(number, None)
+            self._run(job, skip=held)  # the helper is gone: this thread fetches
+
+    def _finish_remote(self, job: _Job, loaded: int, seconds: float) -> None:
+        with job.lock:
+            job.written += loaded
+            job.fetched_all = True
+            job.fetch_seconds = max(seconds, time.monotonic() - job.started)
+            job.done.set()
+            give_back = job.abandoned and not job.handed_over  # timed out: the slots go back
+            job.handed_over = job.handed_over or give_back
+        if give_back and job.release is not None:
+            job.release()
+
+    def _pump(self, timeout_s: float = 0.0) -> None:
+        """Take the helper's answers; if it died, fail what it still had (recomputed)."""
+        fetcher = self._fetcher
+        if fetcher is None:
+            return
+        for reply in fetcher.poll(timeout_s):
+            with self._jobs_lock:
+                job = self._remote.pop(reply.job, None)
+            if job is not None:
+                self._helper_chunks += reply.loaded
+                self._finish_remote(job, reply.loaded, reply.seconds)
+        if not fetcher.alive:
+            with self._jobs_lock:
+                lost, self._remote = list(self._remote.values()), {}
+            for job in lost:  # no reply will come: nothing more of them is fetched
+                self._finish_remote(job, 0, 0.0)
+
+    def take_tier_counts(self) -> dict[str, float]:
+        """The helper process's tier counter increments since the last call."""
+        return self._fetcher.take_tier_counts() if self._fetcher is not None else {}
+
+    def _fetch(self, job: _Job, staged: list[torch.Tensor], skip: int = 0) -> None:
+        """A deferred job: fetch every chunk (after the ``skip`` already fetched) into its own
+        buffers; the step writes them."""
+        for start in range(skip, len(job.keys), self._batch):
             if job.abandoned:
                 return
             keys = job.keys[start : start + self._batch]
@@ -281,6 +377,7 @@ class AsyncLoader:
         ``seconds_per_chunk``) to be done within it, each job once in its life
         (:mod:`.finish_wait`). Returns (jobs waited for, of them done)."""
         end = time.monotonic() + budget_s
+        self._pump()
         with self._jobs_lock:
             jobs = list(self._jobs.values())
         near = []
@@ -289,16 +386,21 @@ class AsyncLoader:
             if not job.waited and not job.done.is_set() and predicted <= end:
                 job.waited = True
                 near.append(job)
+        if self._fetcher is not None:  # the helper's answers arrive only when taken
+            while (left := end - time.monotonic()) > 0 and not all(j.done.is_set() for j in near):
+                self._pump(left)
         for job in near:
             job.done.wait(max(end - time.monotonic(), 0.0))
         return len(near), sum(job.done.is_set() for job in near)
 
     def take_finished(self, now: float | None = None) -> FinishedLoads:
         """Jobs that finished or timed out since the last call (each reported once)."""
+        self._pump()
         now = time.monotonic() if now is None else now
         with self._jobs_lock:
             jobs = list(self._jobs.values())
-        out = FinishedLoads()
+        out = FinishedLoads(helper_chunks=self._helper_chunks)
+        self._helper_chunks = 0
         for job in jobs:
             with job.lock:
                 if not job.fetched_all and now < job.deadline:
@@ -332,7 +434,7 @@ class AsyncLoader:
             job.request.req_id,
             job.request.chunks[: job.written],
             staged[: job.written],
-            functools.partial(self._give_back, staged),
+            job.release or (lambda: None),
         )
 
     def _report(
@@ -358,6 +460,8 @@ class AsyncLoader:
             for job in self._jobs.values():
                 job.abandoned = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._fetcher is not None:
+            self._fetcher.close()
         self._stream.close()  # after the jobs: each waited for its last write
 
 

@@ -39,6 +39,8 @@ COUNTERS: dict[str, str] = {
     "the wait (load_finish_wait)",
     "finish_wait_caught": "Of those, the loads that finished within the wait (reported a step "
     "sooner)",
+    "helper_fetched_chunks": "Chunks of asynchronous loads read by the fetch helper process "
+    "(load_fetch=process)",
     "load_timeouts": "Asynchronous loads abandoned at load_timeout_s (recomputed instead)",
     "save_chunks": "Chunks copied out of the engine into kvstack",
     "save_bytes": "Bytes copied out of the engine into kvstack",

@@ -39,6 +39,7 @@ from kvstack.cluster.config import IndexConfig
 from kvstack.integrations.plan import ChunkIO
 from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
+from kvstack.integrations.vllm.fetch_process import FetchProcess, helper_tiers
 from kvstack.integrations.vllm.finish_wait import FinishWait
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
 from kvstack.integrations.vllm.load_cost import LoadSample
@@ -56,6 +57,7 @@ from kvstack.integrations.vllm.streams import make_stream
 from kvstack.integrations.vllm.sync_loads import SyncLoader, staged_chunk
 from kvstack.integrations.vllm.transfers import staging_chunks
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
+from kvstack.kv.chain import tier_names
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.base import Tier
@@ -100,6 +102,7 @@ class WorkerSide:
         # find the connector class, and must not register the cache's (idle) metrics there.
         from kvstack.kv.cache import KVCache
 
+        self._kv, self._security = kv, security
         # With a cluster secret, chunks are sealed and checked at every shared tier boundary.
         self.cache: KVCache = KVCache(kv, keys=load_keys(security))
         self._memory_tier = _memory_tier(self.cache)
@@ -173,11 +176,12 @@ class WorkerSide:
         # spare core of a 2-core host with the load and tier threads, and the interference
         # bench showed no gain from it (the spread between runs was larger than any change).
         with starting_background_threads():
+            fetcher = self._fetch_process(defer_chunks)  # inherits the background CPUs
             self.loader = AsyncLoader(
                 self.cache, self.shape, self.rank, lambda: paged,
                 make_stream(device, False, "kvstack-load", follow_compute=False),
                 self.settings.load_threads, self.settings.load_timeout_s,
-                fetch_chunks, defer_chunks,
+                fetch_chunks, defer_chunks, fetcher, self._memory_tier,
             )  # fmt: skip
             self.sync_loader = SyncLoader(
                 self.cache, self.shape, self.rank,
@@ -201,6 +205,28 @@ class WorkerSide:
             "in the step after their fetch" if self.writes_at_bind else "from start_load_kv",
             save_chunks, kept_chunks, fetch_chunks, defer_chunks,
         )  # fmt: skip
+
+    def _fetch_process(self, slots: int) -> FetchProcess | None:
+        """The helper process of ``load_fetch=process`` (:mod:`.fetch_process`), or None:
+        not asked for, no deferred loads (a GPU), or it could not start (logged; the load
+        threads fetch)."""
+        if self.settings.load_fetch != "process":
+            return None
+        if slots == 0:
+            log.info("kvstack connector: load_fetch=process applies where loads are written "
+                     "in the step after their fetch (vLLM's CPU build); the load threads "
+                     "fetch")  # fmt: skip
+            return None
+        tiers = helper_tiers(self._kv.tiers, tier_names(self._kv.tiers))
+        try:
+            return FetchProcess(
+                self._kv, self._security, tiers, self.shape, slots,
+                self.settings.load_threads, TIER_COUNTERS,
+            )  # fmt: skip
+        except Exception as exc:
+            log.error("kvstack connector: the fetch helper process did not start (%s); the load "
+                      "threads fetch", exc)  # fmt: skip
+            return None
 
     def _remember_tokens(self, key: ChunkKey, chunk: ChunkIO, lora_name: str | None) -> None:
         if self.events is not None and chunk.tokens is not None:
@@ -348,6 +374,7 @@ class WorkerSide:
             self.stats.observe("async_fetch_seconds", seconds)
         self._count_loaded(loads.loaded_blocks, loads.failed_chunks)
         self.stats.add("load_timeouts", loads.timeouts)
+        self.stats.add("helper_fetched_chunks", loads.helper_chunks)
 
     def _count_loaded(self, blocks: int, failed_chunks: int) -> None:
         block_bytes = self.layout.num_layers * self.layout.page_bytes
@@ -387,7 +414,11 @@ class WorkerSide:
         return stats
 
     def _report_tiers(self) -> None:
-        """Per-tier counter deltas and gauges (cheap: a snapshot per tier per step)."""
+        """Per-tier counter deltas and gauges (cheap: a snapshot per tier per step), the
+        fetch helper process's reads included."""
+        if self.paged is not None:
+            for name, delta in self.loader.take_tier_counts().items():
+                self.stats.add(name, delta)
         for tier in self.cache.tiers:
             current = tier.stats()
             previous = self._tier_totals.setdefault(tier.name, {})
