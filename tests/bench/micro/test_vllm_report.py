@@ -192,7 +192,10 @@ def test_interference_sets_async_loads_beside_vllms_own_hit(tmp_path: Path) -> N
     assert "ran with `load_finish_wait: 0.25`" in text and "readers=" not in text
     res["args"]["file_readers"] = 1
     text, _ = _rendered(tmp_path / "one-reader", res, "file/async")
-    assert "read with `readers=1`" in text
+    assert "read with `readers=1`" in text and "load_fetch" not in text
+    res["args"]["load_fetch"] = "process"
+    text, _ = _rendered(tmp_path / "helper", res, "file/async")
+    assert "ran with `load_fetch: process`" in text
     del res["args"]
 
     # the connector's own step timing: the in-flight column without scrapes during a load

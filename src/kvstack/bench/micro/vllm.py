@@ -285,6 +285,14 @@ def run(argv: list[str]) -> int:
         "the connector's default, off",
     )
     parser.add_argument(
+        "--load-fetch",
+        choices=("thread", "process"),
+        default="thread",
+        help="--scenario interference: the connector's load_fetch on every kvstack arm: "
+        "thread (default, the connector's default) or process (the opt-in fetch helper "
+        "process)",
+    )
+    parser.add_argument(
         "--file-readers",
         type=int,
         default=0,

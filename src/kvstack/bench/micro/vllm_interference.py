@@ -127,11 +127,13 @@ def interference(
     poll_s: float = 0.0,
     finish_wait: float = 0.0,
     file_readers: int = 0,
+    load_fetch: str = "thread",
 ) -> dict[str, Any]:
     """The scenario's result; ``poll_s``: the in-flight window's scrape interval (0: none);
     ``finish_wait``: every kvstack arm's ``load_finish_wait`` (0: the default, off);
-    ``file_readers``: the loading arms' file tier reader threads (0: the tier's default). The
-    writer keeps the default: it only stores the prefixes."""
+    ``file_readers``: the loading arms' file tier reader threads (0: the tier's default);
+    ``load_fetch``: every kvstack arm's ``load_fetch`` (``thread``: the default). The writer
+    keeps the defaults: it only stores the prefixes."""
     prefixes = [prompts(prefix_tokens) for _ in range(rounds)]
     paired = [prompts(prefix_tokens) for _ in range(rounds)]  # the async rounds beside sync's
     warm = [prompts(prefix_tokens) for _ in WARM_MODES]  # every engine's unmeasured rounds
@@ -150,6 +152,8 @@ def interference(
         results["page_cache_after_drop_bytes"] = resident
         run = _Arm(prefixes, decodes, prompts, quiet_s, engines.max_model_len, warm, poll_s)
         extra: dict[str, Any] = {"load_finish_wait": finish_wait} if finish_wait else {}
+        if load_fetch != "thread":
+            extra["load_fetch"] = load_fetch
         with engines.engine("recompute", None, itl_engine_args()) as e:
             results["recompute"] = run(e, lambda: None)
         with engines.engine("vllm-hit", None, itl_engine_args()) as e:

@@ -278,11 +278,15 @@ def _in_flight(res: dict[str, Any]) -> str:
 
 
 def _run_settings(res: dict[str, Any]) -> str:
-    """The opt-in wait at a step's end (``--finish-wait``) and the file tier's reader threads
-    (``--file-readers``), where the run set them."""
+    """The opt-in wait at a step's end (``--finish-wait``), the file tier's reader threads
+    (``--file-readers``) and the fetch helper (``--load-fetch``), where the run set them."""
     args = res.get("args", {})
     wait, readers = args.get("finish_wait", 0.0), args.get("file_readers", 0)
     said = ""
+    if args.get("load_fetch", "thread") == "process":
+        said += ("Every kvstack engine ran with `load_fetch: process` (asynchronous loads read "
+                 "by the opt-in fetch helper process, off the worker's interpreter lock; the "
+                 "default reads them on the worker's threads). ")  # fmt: skip
     if wait:
         said += (f"Every kvstack engine ran with `load_finish_wait: {wait:g}` (the opt-in wait "
                  "at a step's end for a load about to finish; off by default). ")  # fmt: skip

@@ -55,7 +55,8 @@ def default_path(scenario: str) -> Path:
 
 def _args(args: argparse.Namespace) -> dict[str, Any]:
     keep = ("quick", "prompt_tokens", "reps", "seed", "skip", "scenario", "preempt_blocks",
-            "background_arm", "poll_s", "finish_wait", "file_readers")  # fmt: skip
+            "background_arm", "poll_s", "finish_wait", "file_readers",
+            "load_fetch")  # fmt: skip
     return {k: getattr(args, k) for k in keep if hasattr(args, k)}
 
 
@@ -67,7 +68,7 @@ def _measure(args: argparse.Namespace, engines: Engines, prompts: PromptFactory)
         quiet = 2.0 if args.quick else 4.0
         return interference(
             engines, prompts, args.prompt_tokens, args.reps, quiet, drop_page_cache, args.poll_s,
-            args.finish_wait, args.file_readers,
+            args.finish_wait, args.file_readers, args.load_fetch,
         )  # fmt: skip
     if args.scenario == "multi-turn":
         from kvstack.bench.micro.vllm_turns import multi_turn
