@@ -204,3 +204,20 @@ def test_a_helper_that_cannot_open_its_tiers_says_why(tmp_path: Path) -> None:
             config, SecurityConfig(), [("file", f"file://{tmp_path}?size=1MiB&bogus=1")],
             SHAPE, 4, 1, TIER_COUNTERS,
         )  # fmt: skip
+
+
+def test_a_step_end_waiting_for_a_helper_load_takes_its_answer(tmp_path: Path) -> None:
+    disk = f"file://{tmp_path / 'kv'}?size=64MiB"
+    rig = Rig(["cpu://?size=4MiB", disk], SecurityConfig())
+    try:
+        rig.cache.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+        assert rig.cache.flush(10)
+        for key in KEYS[:2]:
+            rig.cache.tiers[0].remove(key)
+        rig.loader.submit(request([[0, 1], [2, 3]]))
+        assert rig.loader.wait_near(20.0, 0.0) == (1, 1)  # predicted done at once: waited for
+        finished = rig.loader.take_finished()
+        assert finished.req_ids == {"r1"} and finished.helper_chunks == 2
+        finished.deferred[0].release()
+    finally:
+        rig.close()

@@ -314,6 +314,7 @@ def _helper(sock: socket.socket, memfd: int) -> None:
             pending.extend(frames.feed(data))
         return pending.pop(0)
 
+    torch.set_num_threads(1)  # its copies are small; the engine's cores are the engine's
     first = next_frame()
     if first is None:
         return

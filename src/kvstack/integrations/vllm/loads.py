@@ -279,9 +279,12 @@ class AsyncLoader:
             self._remote[number] = job
         fetcher = self._fetcher
         keys = [bytes(k) for k in job.keys[held:]]
-        if fetcher is None or not fetcher.submit(number, keys, slots[held:]):
-            with self._jobs_lock:
-                self._remote.pop(number, None)
+        if fetcher is not None and fetcher.submit(number, keys, slots[held:]):
+            return
+        with self._jobs_lock:
+            # Not ours any more where the step found the helper dead first and failed the job.
+            ours = self._remote.pop(number, None) is not None
+        if ours:
             self._run(job, skip=held)  # the helper is gone: this thread fetches
 
     def _finish_remote(self, job: _Job, loaded: int, seconds: float) -> None:
@@ -377,7 +380,6 @@ class AsyncLoader:
         ``seconds_per_chunk``) to be done within it, each job once in its life
         (:mod:`.finish_wait`). Returns (jobs waited for, of them done)."""
         end = time.monotonic() + budget_s
-        self._pump()
         with self._jobs_lock:
             jobs = list(self._jobs.values())
         near = []
@@ -386,9 +388,13 @@ class AsyncLoader:
             if not job.waited and not job.done.is_set() and predicted <= end:
                 job.waited = True
                 near.append(job)
-        if self._fetcher is not None:  # the helper's answers arrive only when taken
-            while (left := end - time.monotonic()) > 0 and not all(j.done.is_set() for j in near):
-                self._pump(left)
+        remote = [job for job in near if job.slots is not None]
+        while self._fetcher is not None and self._fetcher.alive and remote:
+            # the helper's answers arrive only when taken
+            if (left := end - time.monotonic()) <= 0:
+                break
+            self._pump(left)
+            remote = [job for job in remote if not job.done.is_set()]
         for job in near:
             job.done.wait(max(end - time.monotonic(), 0.0))
         return len(near), sum(job.done.is_set() for job in near)
