@@ -16,6 +16,7 @@ import random
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,7 @@ DEFERRED = "kvstack_connector_deferred_write_chunks_total"
 LOADED = "kvstack_connector_load_tokens_total"
 FAILED = "kvstack_connector_load_failed_chunks_total"
 HITS = "kvstack_connector_hit_tokens_total"
+HELPER = "kvstack_connector_helper_fetched_chunks_total"
 STEP_LOADS = "kvstack_connector_load_seconds_count"  # steps that waited for loads within them
 QUIET_STEPS = "kvstack_connector_step_interval_seconds_count"
 LOADING_STEPS = "kvstack_connector_loading_step_interval_seconds_count"
@@ -94,8 +96,11 @@ def engines(toy_model: Path, workdir: Path) -> Iterator[dict[str, VLLMServer]]:
     tiers = [f"file://{workdir / 'hybrid-kv'}?size=1GiB"]
     servers = {
         "engine-a": file_engine(toy_model, workdir, "engine-a"),
-        # B serves turn two with the opt-in wait at a step's end for a load about to finish
-        "engine-b": file_engine(toy_model, workdir, "engine-b", load_finish_wait=1.0),
+        # B serves turn two with the opt-in wait at a step's end for a load about to finish,
+        # its loads read by the opt-in fetch helper process
+        "engine-b": file_engine(
+            toy_model, workdir, "engine-b", load_finish_wait=1.0, load_fetch="process"
+        ),
         "hybrid": launch_engine(
             hybrid_model(toy_model, workdir), workdir, "hybrid", max_model_len=4096,
             kv_transfer_config=connector_config(tiers, chunk_size=CHUNK),
@@ -143,22 +148,32 @@ def test_an_async_load_computes_exactly_what_vllms_own_hit_computes(
     assert wait_metric(engine_a, DEFERRED, deferred + 5) == deferred + 5
 
     # Wrong KV would show: give P's chunk files another prompt's (valid, checksummed) pages.
-    other = prompt(5 * CHUNK + 100, seed=2)
+    with swapped_chunks(engine_a, workdir, tokens, seed=2):
+        reset_prefix_cache(engine_a)
+        wrong = generate(engine_a, tokens)
+        assert wrong.logprobs != reference.logprobs, "wrong KV left the answer unchanged"
+        assert metric_total(engine_a, ASYNC_LOADS) >= loads + 2
+
+
+@contextmanager
+def swapped_chunks(
+    engine_a: VLLMServer, workdir: Path, tokens: list[int], seed: int, chunks: int = 5
+) -> Iterator[None]:
+    """The first ``chunks`` chunk files of ``tokens`` hold another prompt's pages (valid and
+    checksummed, computed by engine A) until the block ends; then they are removed."""
+    other = prompt(len(tokens), seed=seed)
     computed_twice(engine_a, other, workdir)
-    mine = chunk_files(workdir / "engine-a.log", workdir / "kv", tokens, CHUNK)
+    mine = chunk_files(workdir / "engine-a.log", workdir / "kv", tokens, CHUNK)[:chunks]
     theirs = chunk_files(workdir / "engine-a.log", workdir / "kv", other, CHUNK)
     tier = make_tier(f"file://{workdir / 'kv'}?size=2GiB")
     try:
-        for victim, donor in zip(mine, theirs, strict=True):
+        for victim, donor in zip(mine, theirs, strict=False):
             pages = tier.get(_key(donor))
             assert pages is not None
             tier.remove(_key(victim))
             assert tier.put(_key(victim), pages)
         assert tier.flush(30)
-        reset_prefix_cache(engine_a)
-        wrong = generate(engine_a, tokens)
-        assert wrong.logprobs != reference.logprobs, "wrong KV left the answer unchanged"
-        assert metric_total(engine_a, ASYNC_LOADS) >= loads + 2
+        yield
     finally:
         for victim in mine:
             tier.remove(_key(victim))
@@ -275,10 +290,19 @@ def test_another_instance_serves_the_answer_of_a_first_turn(
     reference = generate(engine_a, turn_two)  # vLLM's own hit: 1280 tokens, answer included
     stored(chunk_files(workdir / "engine-a.log", workdir / "kv", turn_two, CHUNK)[:5])
     hits = metric_total(engine_b, HITS)
-    assert generate(engine_b, turn_two) == reference
+    helper = metric_total(engine_b, HELPER)
+    assert generate(engine_b, turn_two) == reference  # tokens and logprobs
     served = wait_metric(engine_b, HITS, hits + 5 * CHUNK) - hits
     assert served == 5 * CHUNK and served / len(turn_two) >= 0.9
     assert metric_total(engine_a, "kvstack_connector_save_generated_chunks_total") >= 2
+    # B's helper process read the 5 chunks, and its tier reads count in B's metrics
+    assert wait_metric(engine_b, HELPER, helper + 5) == helper + 5
+    assert metric_total(engine_b, "kvstack_connector_tier_hits_total", tier="file") >= 5
+    # The helper's KV is what B computes from: other pages in those files change the answer.
+    with swapped_chunks(engine_a, workdir, turn_two, seed=9):
+        reset_prefix_cache(engine_b)
+        assert generate(engine_b, turn_two).logprobs != reference.logprobs
+        assert wait_metric(engine_b, HELPER, helper + 10) == helper + 10
 
 
 @pytest.fixture(scope="module")
