@@ -115,7 +115,7 @@ def test_the_table_names_every_arm_and_its_figures(save_result: SaveResult) -> N
     assert "32 chunks of 3 MiB from disk" in both and "`kvstack bench fetch --cold`" in both
     ((what, figure, command),) = fetch_step_report.headline(folder)
     assert figure == (
-        "11.7 ms on a loader thread (the connector's path today), 9.4 ms in a helper process "
-        "(not built yet)"
+        "11.7 ms on a loader thread (the connector's default), 9.4 ms in a helper process "
+        "(opt-in `load_fetch: process`)"
     )
     assert "4 ms of Python" in what and command == "kvstack bench fetch --synthetic"

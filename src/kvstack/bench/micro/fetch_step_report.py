@@ -87,8 +87,8 @@ def headline(results: Path) -> list[tuple[str, str, str]]:
     arms = load["arms"]
     figure = (
         f"{arms['thread-4']['fetch_seen_ms']['median']:.3g} ms on a loader thread (the "
-        f"connector's path today), {arms['process']['fetch_seen_ms']['median']:.3g} ms in a "
-        "helper process (not built yet)"
+        f"connector's default), {arms['process']['fetch_seen_ms']['median']:.3g} ms in a "
+        "helper process (opt-in `load_fetch: process`)"
     )
     what = (
         f"a {r.result['chunks']}-chunk fetch beside a step with {load['python_ms']:g} ms of Python"
