@@ -25,17 +25,12 @@ from kvstack.kv.config import KVConfig
 from kvstack.security import SecurityConfig, load_keys
 from tests.integrations.vllm.paged import CHUNK, SHAPE, chunk_of, paged_kv
 from tests.integrations.vllm.test_loads import KEYS, request
+from tests.integrations.vllm.test_loads import wait_finished as wait_for
 from tests.kv.tiers.remote.servers import RedisServer
 
 
-def wait_finished(loader: AsyncLoader, timeout_s: float = 30.0) -> FinishedLoads:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        finished = loader.take_finished()
-        if finished.req_ids:
-            return finished
-        time.sleep(0.005)
-    raise AssertionError("the load never finished")
+def wait_finished(loader: AsyncLoader) -> FinishedLoads:
+    return wait_for(loader, timeout_s=30.0)  # the helper takes a while to start on a busy host
 
 
 def secured(tmp_path: Path) -> SecurityConfig:
@@ -65,6 +60,13 @@ class Rig:
     def close(self) -> None:
         self.loader.close()
         self.cache.close()
+
+    def in_slow_tier_only(self) -> None:
+        """Chunks 0 and 1 stored, then dropped from the worker's memory tier."""
+        self.cache.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
+        assert self.cache.flush(10)
+        for key in KEYS[:2]:
+            self.cache.tiers[0].remove(key)
 
 
 @pytest.fixture
@@ -145,10 +147,7 @@ def test_a_timed_out_helper_load_keeps_its_slots_until_the_helper_answers(
     rig = Rig(tiers, SecurityConfig(), 0.3)
     try:
         assert redis_server.proc is not None
-        rig.cache.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-        assert rig.cache.flush(10)
-        rig.cache.tiers[0].remove(KEYS[0])
-        rig.cache.tiers[0].remove(KEYS[1])
+        rig.in_slow_tier_only()
         os.killpg(redis_server.proc.pid, signal.SIGSTOP)  # the helper's read hangs
         rig.loader.submit(request([[0, 1], [2, 3]]))
         finished = wait_finished(rig.loader)
@@ -171,10 +170,7 @@ def test_a_dead_helpers_loads_are_recomputed_and_threads_fetch_the_next(
     rig = Rig(["cpu://?size=4MiB", f"{redis_server.url}?prefix=t:&timeout_s=30"], SecurityConfig())
     try:
         assert redis_server.proc is not None
-        rig.cache.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-        assert rig.cache.flush(10)
-        rig.cache.tiers[0].remove(KEYS[0])
-        rig.cache.tiers[0].remove(KEYS[1])
+        rig.in_slow_tier_only()
         os.killpg(redis_server.proc.pid, signal.SIGSTOP)
         rig.loader.submit(request([[0, 1], [2, 3]]))
         time.sleep(0.3)  # sent: the helper is reading
@@ -210,10 +206,7 @@ def test_a_step_end_waiting_for_a_helper_load_takes_its_answer(tmp_path: Path) -
     disk = f"file://{tmp_path / 'kv'}?size=64MiB"
     rig = Rig(["cpu://?size=4MiB", disk], SecurityConfig())
     try:
-        rig.cache.put_chunks(KEYS[:2], [chunk_of(1), chunk_of(2)])
-        assert rig.cache.flush(10)
-        for key in KEYS[:2]:
-            rig.cache.tiers[0].remove(key)
+        rig.in_slow_tier_only()
         rig.loader.submit(request([[0, 1], [2, 3]]))
         assert rig.loader.wait_near(20.0, 0.0) == (1, 1)  # predicted done at once: waited for
         finished = rig.loader.take_finished()
