@@ -35,7 +35,7 @@ def wait_finished(loader: AsyncLoader) -> FinishedLoads:
 
 def secured(tmp_path: Path) -> SecurityConfig:
     secret = tmp_path / "secret"
-    secret.write_bytes(os.urandom(32))
+    secret.write_text(os.urandom(32).hex())  # text: raw bytes may end in whitespace
     secret.chmod(0o600)
     return SecurityConfig(cluster_secret_file=str(secret))
 

@@ -57,11 +57,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvstack.integrations.plan import ChunkIO, RequestIO
-from kvstack.integrations.vllm.fetch_process import FetchProcess
 from kvstack.integrations.vllm.layout import PagedKV
 from kvstack.integrations.vllm.load_cost import LoadSample
 from kvstack.integrations.vllm.streams import Completion, CopyStream
@@ -71,6 +71,9 @@ from kvstack.kv.affinity import enter_background
 from kvstack.kv.cache import KVCache
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.base import Tier
+
+if TYPE_CHECKING:  # msgspec, which it needs, comes with vLLM (and the server extra), not kv
+    from kvstack.integrations.vllm.fetch_process import FetchProcess
 
 __all__ = ["BATCH_CHUNKS", "AsyncLoader", "DeferredWrite", "FinishedLoads", "write_chunks"]
 

@@ -39,7 +39,6 @@ from kvstack.cluster.config import IndexConfig
 from kvstack.integrations.plan import ChunkIO
 from kvstack.integrations.settings import ConnectorSettings, TransferModes
 from kvstack.integrations.vllm.events import ChunkInfo, EventCollector, KVStackKVEvents
-from kvstack.integrations.vllm.fetch_process import FetchProcess, helper_tiers
 from kvstack.integrations.vllm.finish_wait import FinishWait
 from kvstack.integrations.vllm.layout import PagedKV, PagedLayout
 from kvstack.integrations.vllm.load_cost import LoadSample
@@ -66,6 +65,7 @@ from kvstack.security import SecurityConfig, load_keys
 if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
+    from kvstack.integrations.vllm.fetch_process import FetchProcess
     from kvstack.kv.cache import KVCache
 
 __all__ = ["WorkerSide"]
@@ -212,6 +212,8 @@ class WorkerSide:
         threads fetch)."""
         if self.settings.load_fetch != "process":
             return None
+        from kvstack.integrations.vllm.fetch_process import FetchProcess, helper_tiers
+
         if slots == 0:
             log.info("kvstack connector: load_fetch=process applies where loads are written "
                      "in the step after their fetch (vLLM's CPU build); the load threads "
