@@ -20,7 +20,6 @@ from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
 from kvstack.integrations.vllm.stats import TIER_COUNTERS
 from kvstack.integrations.vllm.streams import InlineStream
 from kvstack.kv.cache import KVCache
-from kvstack.kv.chain import tier_names
 from kvstack.kv.config import KVConfig
 from kvstack.security import SecurityConfig, load_keys
 from tests.integrations.vllm.paged import CHUNK, SHAPE, chunk_of, paged_kv
@@ -48,7 +47,7 @@ class Rig:
         self.security = security
         self.cache = KVCache(self.config, keys=load_keys(security))
         self.fetcher = FetchProcess(
-            self.config, security, helper_tiers(tiers, tier_names(tiers)), SHAPE, 4, 2,
+            self.config, security, helper_tiers(tiers), SHAPE, 4, 2,
             TIER_COUNTERS,
         )  # fmt: skip
         paged, self.memory = paged_kv()

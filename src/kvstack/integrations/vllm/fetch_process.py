@@ -70,7 +70,6 @@ class Job(msgspec.Struct, frozen=True):
 class Reply(msgspec.Struct, frozen=True):
     job: int
     loaded: int  # leading chunks of the job read whole into their slots
-    seconds: float
     tiers: dict[str, dict[str, float]]  # the helper's tier counters so far, by tier name
 
 
@@ -84,13 +83,15 @@ class Start(msgspec.Struct, frozen=True):
     counters: list[str]
 
 
-def helper_tiers(urls: Sequence[str], names: Sequence[str]) -> list[tuple[str, str]]:
-    """The (name, url) of the tiers a helper process can read: not ``cpu://`` or ``peer://``."""
+def helper_tiers(urls: Sequence[str]) -> list[tuple[str, str]]:
+    """The (name, url) of the tiers a helper process can read: not ``cpu://`` or ``peer://``;
+    named as the worker's cache names them."""
+    from kvstack.kv.chain import tier_names
     from kvstack.kv.tiers import parse_tier_url
 
     return [
         (name, url)
-        for url, name in zip(urls, names, strict=True)
+        for url, name in zip(urls, tier_names(urls), strict=True)
         if parse_tier_url(url).scheme not in _NOT_IN_HELPER
     ]
 
@@ -115,7 +116,7 @@ class _Frames:
         return out
 
 
-def _send(sock: socket.socket, obj: msgspec.Struct) -> None:
+def _send(sock: socket.socket, obj: object) -> None:
     body = msgspec.msgpack.encode(obj)
     if len(body) > MAX_FRAME:
         raise ValueError(f"a fetch helper frame of {len(body)} bytes (at most {MAX_FRAME})")
@@ -322,22 +323,19 @@ def _helper(sock: socket.socket, memfd: int) -> None:
     try:
         security = SecurityConfig.model_validate(start.security)
         # Read-only: the worker writes, promotes and evicts; here nothing is put anywhere.
-        kv = KVConfig.model_validate(
-            {**start.kv, "write_tiers": None, "promote_on_hit": False, "tiers": start.kv["tiers"]}
-        )
+        kv = KVConfig.model_validate({**start.kv, "write_tiers": None, "promote_on_hit": False})
         tiers = [make_tier(url, name=name) for name, url in start.tiers]
         cache = KVCache(kv, tiers=tiers, keys=load_keys(security))
         for tier in cache.tiers:
             tier.trust = cache.trust  # the cluster's MAC key and read bound, as in the worker
         _, slab = _slab(memfd, start.slots, start.shape)
     except Exception as exc:  # said to the worker, which logs it and fetches on its threads
-        _send_raw(sock, {"error": f"{type(exc).__name__}: {exc}"})
+        _send(sock, {"error": f"{type(exc).__name__}: {exc}"})
         return
-    _send_raw(sock, {"ready": True})
+    _send(sock, {"ready": True})
     send_lock = threading.Lock()
 
     def fetch(job: Job) -> None:
-        t0 = time.perf_counter()
         loaded = 0
         try:
             bad = [s for s in job.slots if not 0 <= s < start.slots]
@@ -352,7 +350,7 @@ def _helper(sock: socket.socket, memfd: int) -> None:
                 t.name: {c: float(getattr(t.stats(), c)) for c in start.counters}
                 for t in cache.tiers
             }
-            _send(sock, Reply(job.job, loaded, time.perf_counter() - t0, counts))
+            _send(sock, Reply(job.job, loaded, counts))
 
     pool = concurrent.futures.ThreadPoolExecutor(start.threads, "kvstack-fetch")
     try:
@@ -361,11 +359,6 @@ def _helper(sock: socket.socket, memfd: int) -> None:
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         cache.close(timeout_s=1.0)
-
-
-def _send_raw(sock: socket.socket, obj: dict[str, Any]) -> None:
-    body = msgspec.msgpack.encode(obj)
-    sock.sendall(_LENGTH.pack(len(body)) + body)
 
 
 def main(argv: Sequence[str]) -> None:

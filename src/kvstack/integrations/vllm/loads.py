@@ -244,16 +244,7 @@ class AsyncLoader:
         except Exception:  # a broken load is a recompute, never a dead thread or a bad block
             log.exception("kvstack: asynchronous load of request %s failed", job.request.req_id)
         finally:
-            with job.lock:
-                job.fetched_all = True
-                job.fetch_seconds = time.monotonic() - job.started
-                job.done.set()
-                # Reported as timed out while fetching: nothing of it is written, and its
-                # buffers, which this thread filled until now, go back.
-                give_back = job.staged is not None and job.abandoned and not job.handed_over
-                job.handed_over = job.handed_over or give_back
-            if give_back and job.release is not None:
-                job.release()
+            self._finish(job)
 
     def _run_remote(self, job: _Job) -> None:
         """A job fetched by the helper process: the leading chunks the worker's ``cpu://``
@@ -261,7 +252,7 @@ class AsyncLoader:
         fetched on this thread)."""
         staged, slots = job.staged or [], job.slots or []
         if job.abandoned:  # timed out before a thread was free: nothing to fetch
-            self._finish_remote(job, 0, 0.0)
+            self._finish(job)
             return
         held = 0
         try:
@@ -271,11 +262,10 @@ class AsyncLoader:
         except Exception:  # the helper then reads them from the slower tiers
             log.exception("kvstack: reading request %s from the cpu tier failed",
                           job.request.req_id)  # fmt: skip
-            held = 0
         with job.lock:
             job.written = held
         if held == len(job.keys):
-            self._finish_remote(job, 0, time.monotonic() - job.started)
+            self._finish(job)
             return
         with self._jobs_lock:
             number, self._next_job = self._next_job, self._next_job + 1
@@ -290,13 +280,15 @@ class AsyncLoader:
         if ours:
             self._run(job, skip=held)  # the helper is gone: this thread fetches
 
-    def _finish_remote(self, job: _Job, loaded: int, seconds: float) -> None:
+    def _finish(self, job: _Job, loaded: int = 0) -> None:
+        """The job's fetch is over, ``loaded`` more chunks of it fetched whole. One reported
+        as timed out meanwhile has nothing written: its buffers, filled until now, go back."""
         with job.lock:
             job.written += loaded
             job.fetched_all = True
-            job.fetch_seconds = max(seconds, time.monotonic() - job.started)
+            job.fetch_seconds = time.monotonic() - job.started
             job.done.set()
-            give_back = job.abandoned and not job.handed_over  # timed out: the slots go back
+            give_back = job.staged is not None and job.abandoned and not job.handed_over
             job.handed_over = job.handed_over or give_back
         if give_back and job.release is not None:
             job.release()
@@ -311,12 +303,12 @@ class AsyncLoader:
                 job = self._remote.pop(reply.job, None)
             if job is not None:
                 self._helper_chunks += reply.loaded
-                self._finish_remote(job, reply.loaded, reply.seconds)
+                self._finish(job, reply.loaded)
         if not fetcher.alive:
             with self._jobs_lock:
                 lost, self._remote = list(self._remote.values()), {}
             for job in lost:  # no reply will come: nothing more of them is fetched
-                self._finish_remote(job, 0, 0.0)
+                self._finish(job)
 
     def take_tier_counts(self) -> dict[str, float]:
         """The helper process's tier counter increments since the last call."""

@@ -56,7 +56,6 @@ from kvstack.integrations.vllm.streams import make_stream
 from kvstack.integrations.vllm.sync_loads import SyncLoader, staged_chunk
 from kvstack.integrations.vllm.transfers import staging_chunks
 from kvstack.kv.affinity import reserve_background_cpus, starting_background_threads
-from kvstack.kv.chain import tier_names
 from kvstack.kv.config import KVConfig
 from kvstack.kv.keys import ChunkKey
 from kvstack.kv.tiers.base import Tier
@@ -219,7 +218,7 @@ class WorkerSide:
                      "in the step after their fetch (vLLM's CPU build); the load threads "
                      "fetch")  # fmt: skip
             return None
-        tiers = helper_tiers(self._kv.tiers, tier_names(self._kv.tiers))
+        tiers = helper_tiers(self._kv.tiers)
         try:
             return FetchProcess(
                 self._kv, self._security, tiers, self.shape, slots,
