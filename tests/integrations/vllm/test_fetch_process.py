@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from kvstack.errors import ConfigError
-from kvstack.integrations.vllm.fetch_process import FetchProcess, helper_tiers
+from kvstack.integrations.vllm.fetch_process import SEND_TIMEOUT_S, FetchProcess, helper_tiers
 from kvstack.integrations.vllm.loads import AsyncLoader, FinishedLoads
 from kvstack.integrations.vllm.stats import TIER_COUNTERS
 from kvstack.integrations.vllm.streams import InlineStream
@@ -213,3 +213,27 @@ def test_a_step_end_waiting_for_a_helper_load_takes_its_answer(tmp_path: Path) -
         finished.deferred[0].release()
     finally:
         rig.close()
+
+
+def test_a_helper_that_takes_no_job_is_killed_at_the_send_deadline(tmp_path: Path) -> None:
+    rig = Rig(["cpu://?size=4MiB", f"file://{tmp_path / 'kv'}?size=64MiB"], SecurityConfig())
+    try:
+        os.kill(rig.fetcher.pid, signal.SIGSTOP)  # hung: it reads nothing more
+        many = 100_000  # keys a frame larger than the socket's buffer (within MAX_FRAME)
+        started = time.monotonic()
+        assert not rig.fetcher.submit(1, [bytes(KEYS[0])] * many, list(range(many)))
+        assert time.monotonic() - started < SEND_TIMEOUT_S + 5
+        assert not rig.fetcher.alive
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{rig.fetcher.pid}").exists() and _state(rig.fetcher.pid) != "Z":
+            assert time.monotonic() < deadline, "the hung helper was not killed"
+            time.sleep(0.05)
+    finally:
+        rig.close()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"

@@ -23,8 +23,9 @@ interpreter:
 A chunk fetched by the helper is not promoted into the worker's ``cpu://`` tier: the copy
 would cost the step what the helper saves it (vLLM's prefix cache holds the blocks once
 written). A job that times out keeps its slots lent until the helper answers for it. If the
-helper dies, its pending loads are reported failed (vLLM recomputes them) and later loads fetch
-on the worker's threads again; the log says so once. The helper exits when the worker's end of
+helper dies, or hangs (it takes no job for :data:`SEND_TIMEOUT_S`; it is then killed), its
+pending loads are reported failed (vLLM recomputes them) and later loads fetch on the worker's
+threads again; the log says so once. The helper exits when the worker's end of
 the socket closes, whatever the way the worker ended.
 
 Framing: a 4-byte big-endian length and a msgpack body (msgspec), at most :data:`MAX_FRAME`
@@ -57,6 +58,7 @@ __all__ = ["MAX_FRAME", "FetchProcess", "Reply", "helper_tiers"]
 log = logging.getLogger(__name__)
 MAX_FRAME = 4 << 20  # bytes of one message, either way (a job's keys, a reply's counters)
 START_TIMEOUT_S = 120.0  # the helper imports torch and opens the tiers
+SEND_TIMEOUT_S = 5.0  # a helper that takes no job for this long is hung: it is killed
 _LENGTH = struct.Struct("!I")
 _NOT_IN_HELPER = ("cpu", "peer")  # the worker's own memory; peers need the cluster's locator
 
@@ -151,6 +153,8 @@ class FetchProcess:
             os.ftruncate(self._memfd, slots * int(torch.Size(shape).numel()))
             self._map, self.slab = _slab(self._memfd, slots, shape)
             self._sock, child = socket.socketpair()
+            # A deadline on every send (reads wait in select, and only for what is there).
+            self._sock.settimeout(SEND_TIMEOUT_S)
             try:
                 # Descriptor numbers only in argv: the tier URLs come over the socket.
                 self._proc = subprocess.Popen(
@@ -272,6 +276,8 @@ class FetchProcess:
         return deltas
 
     def _died(self, why: str) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()  # a hung helper must not write into slots lent out again later
         if self.alive:
             self.alive = False
             log.error("kvstack connector: the fetch helper process %d is gone (%s); its pending "
